@@ -1,0 +1,88 @@
+"""Validate the answers before anything is written.
+
+Every answer is rendered once, as JSON, and checked in plain Python. A refusal prints one line on stderr
+naming the answer and the fix, and exits 1; cookiecutter then removes the half-made output directory.
+"""
+
+import json
+import keyword
+import re
+import sys
+
+ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
+
+MODEL_TYPES_NEEDING_CHECKPOINT = {"text-classification", "causal-lm", "image-classification"}
+MAX_GPUS_PER_NODE = 64
+# Import names the generated package must not shadow: its own dependencies and their common aliases.
+DEPENDENCY_NAMES = {
+    "accelerate", "datasets", "huggingface_hub", "numpy", "omegaconf", "PIL", "pil", "pytest",
+    "safetensors", "tokenizers", "torch", "tqdm", "transformers", "yaml",
+}  # fmt: skip
+
+
+class Refusal(Exception):
+    """An answer set that cannot produce a working project."""
+
+
+def parse_count(name, minimum, maximum=None):
+    raw = str(ANSWERS[name]).strip()
+    if not re.fullmatch(r"\d+", raw):
+        raise Refusal(f"{name}={raw!r} is not a whole number; answer an integer >= {minimum}")
+    value = int(raw)
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f"..{maximum}" if maximum is not None else " or more"
+        raise Refusal(f"{name}={value} is out of range; answer {minimum}{upper}")
+    return value
+
+
+def check_identifier(name, value, fix):
+    if not value.isidentifier() or keyword.iskeyword(value) or not value.isascii():
+        raise Refusal(f"{name}={value!r} is not a valid Python identifier; {fix}")
+    if value in sys.stdlib_module_names or value.lower() in DEPENDENCY_NAMES:
+        raise Refusal(f"{name}={value!r} would shadow the module {value!r}; {fix}")
+
+
+def validate():
+    if not str(ANSWERS["project_name"]).strip():
+        raise Refusal("project_name is empty; give the project a name")
+    slug = ANSWERS["project_slug"]
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", slug):
+        raise Refusal(
+            f"project_slug={slug!r} is not a usable folder name; use letters, digits, '-' and '_', "
+            "starting with a letter"
+        )
+    check_identifier(
+        "package_name",
+        ANSWERS["package_name"],
+        "choose a different project_name or set package_name explicitly",
+    )
+
+    gpus = parse_count("gpus_per_node", 0, MAX_GPUS_PER_NODE)
+    parse_count("num_nodes", 1)
+    backend, precision = ANSWERS["backend"], ANSWERS["precision"]
+    if gpus == 0 and backend == "nccl":
+        raise Refusal("backend=nccl needs GPUs but gpus_per_node=0; choose backend=gloo for CPU training")
+    if gpus == 0 and precision == "fp16":
+        raise Refusal(
+            "precision=fp16 needs GPUs but gpus_per_node=0; choose bf16 or fp32 for CPU training"
+        )
+    model_type = ANSWERS["model_type"]
+    if model_type in MODEL_TYPES_NEEDING_CHECKPOINT and not str(ANSWERS["pretrained_model"]).strip():
+        raise Refusal(
+            f"pretrained_model is empty but model_type={model_type} fine-tunes a checkpoint; "
+            "give a Hugging Face hub id or a local directory"
+        )
+    if gpus > 0 and backend == "gloo":
+        print(
+            f"warning: backend=gloo with gpus_per_node={gpus} works but is much slower than nccl "
+            "on GPUs; override later with distributed.backend=nccl",
+            file=sys.stderr,
+        )
+
+
+if __name__ == "__main__":
+    try:
+        validate()
+    except Refusal as refusal:
+        print(f"error: {refusal}", file=sys.stderr)
+        sys.exit(1)

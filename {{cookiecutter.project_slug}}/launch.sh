@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Runs training under torchrun. Every argument is a config override (key=value), passed on unchanged.
+#
+#   ./launch.sh                                   # this node, NPROC_PER_NODE processes
+#   NPROC_PER_NODE=2 ./launch.sh train.lr=1e-4    # two processes, one override
+#   NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 ./launch.sh   # on each node of a multi-node job
+#
+# Environment (defaults rendered from the template answers):
+#   NPROC_PER_NODE  processes on this node; default: one per visible GPU ({{ cookiecutter.gpus_per_node }} rendered), 1 on CPU
+#   NNODES          number of nodes ({{ cookiecutter.num_nodes }}); 1 runs standalone on a free port
+#   NODE_RANK       this node's rank in a multi-node job (optional with c10d rendezvous)
+#   MASTER_ADDR     rendezvous host of a multi-node job (required when NNODES > 1)
+#   MASTER_PORT     rendezvous port of a multi-node job (default 29500)
+#   MAX_RESTARTS    times torchrun restarts the whole group after a worker fails (default 0)
+#   RUN_ID          rendezvous id shared by the nodes of one job (default: derived from MASTER_ADDR:PORT)
+set -euo pipefail
+
+readonly RENDERED_GPUS_PER_NODE={{ cookiecutter.gpus_per_node | int }}
+readonly RENDERED_NUM_NODES={{ cookiecutter.num_nodes | int }}
+
+die() {
+    echo "launch.sh: error: $*" >&2
+    exit 1
+}
+
+is_count() {
+    [[ "$1" =~ ^[0-9]+$ ]] && (("$1" >= 1))
+}
+
+visible_gpus() {
+    if [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+        local devices="${CUDA_VISIBLE_DEVICES//[[:space:]]/}"
+        if [[ -z "$devices" || "$devices" == "-1" ]]; then
+            echo 0
+        else
+            awk -F, '{ print NF }' <<<"$devices"
+        fi
+    elif command -v nvidia-smi >/dev/null 2>&1; then
+        nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true
+    else
+        echo ""
+    fi
+}
+
+gpus="$(visible_gpus)"
+if ((RENDERED_GPUS_PER_NODE == 0)); then
+    nproc="${NPROC_PER_NODE:-1}"
+elif [[ -n "${NPROC_PER_NODE:-}" ]]; then
+    nproc="$NPROC_PER_NODE"
+elif [[ -n "${CUDA_VISIBLE_DEVICES+set}" ]]; then
+    nproc="$gpus"
+    ((nproc >= 1)) || die "CUDA_VISIBLE_DEVICES='${CUDA_VISIBLE_DEVICES}' leaves no GPU; set it to at least one device or set NPROC_PER_NODE"
+else
+    nproc="$RENDERED_GPUS_PER_NODE"
+fi
+is_count "$nproc" || die "NPROC_PER_NODE='$nproc' is not a whole number >= 1"
+if ((RENDERED_GPUS_PER_NODE > 0)) && [[ -n "$gpus" ]] && ((gpus > 0 && nproc > gpus)); then
+    die "NPROC_PER_NODE=$nproc but only $gpus GPU(s) are visible; use NPROC_PER_NODE<=$gpus or expose more devices in CUDA_VISIBLE_DEVICES"
+fi
+
+nnodes="${NNODES:-$RENDERED_NUM_NODES}"
+is_count "$nnodes" || die "NNODES='$nnodes' is not a whole number >= 1"
+max_restarts="${MAX_RESTARTS:-0}"
+[[ "$max_restarts" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS='$max_restarts' is not a whole number >= 0"
+
+args=(--nproc-per-node="$nproc" --max-restarts="$max_restarts")
+if ((nnodes == 1)); then
+    # A local rendezvous on a free port: two jobs on one machine never collide.
+    args+=(--standalone)
+else
+    [[ -n "${MASTER_ADDR:-}" ]] || die "NNODES=$nnodes needs MASTER_ADDR, the host every node can reach (e.g. the first node)"
+    port="${MASTER_PORT:-29500}"
+    args+=(
+        --nnodes="$nnodes"
+        --rdzv-backend=c10d
+        --rdzv-endpoint="$MASTER_ADDR:$port"
+        --rdzv-id="${RUN_ID:-{{ cookiecutter.project_slug }}-$MASTER_ADDR-$port}"
+    )
+    if [[ -n "${NODE_RANK:-}" ]]; then
+        args+=(--node-rank="$NODE_RANK")
+    fi
+fi
+
+if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
+    # torchrun would set 1; on CPU that wastes the cores, so share them out between the processes.
+    if ((RENDERED_GPUS_PER_NODE == 0)); then
+        cores="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
+        export OMP_NUM_THREADS=$((cores / nproc > 0 ? cores / nproc : 1))
+    else
+        export OMP_NUM_THREADS=1
+    fi
+fi
+
+exec torchrun "${args[@]}" -m {{ cookiecutter.package_name }} "$@"

@@ -1,0 +1,1 @@
+"""Distributed (DDP) fine-tuning: configuration, data, model, training loop and checkpoints."""

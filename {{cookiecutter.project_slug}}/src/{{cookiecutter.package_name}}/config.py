@@ -1,0 +1,164 @@
+"""Typed configuration: YAML defaults merged with dotted ``key=value`` overrides.
+
+OmegaConf structured configs do the parsing and type checking, so an unknown key or a value of the wrong
+type is refused with the key's full name; ``__post_init__`` adds the range checks. All of it runs before
+any process group exists, so a typo costs a second, not a cluster allocation.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration the run cannot start with; the message names the key and the fix."""
+
+
+class Precision(enum.Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
+class Backend(enum.Enum):
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+class Device(enum.Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+def _require(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"{key}: {message}")
+
+
+@dataclass
+class ModelConfig:
+    # Hugging Face hub id or local directory of the checkpoint to fine-tune.
+    pretrained: str = ""
+
+
+@dataclass
+class DataConfig:
+    train_file: str = ""
+    val_file: str = ""  # empty: no evaluation
+    batch_size: int = 16  # per process; the global batch is batch_size x world size x grad_accum_steps
+    eval_batch_size: int = 32  # per process
+    max_length: int = 256  # tokens per sample, capped by the model's own limit
+    num_workers: int = 2  # DataLoader worker processes per training process
+
+    def __post_init__(self) -> None:
+        _require(self.batch_size >= 1, "data.batch_size", "must be >= 1")
+        _require(self.eval_batch_size >= 1, "data.eval_batch_size", "must be >= 1")
+        _require(self.max_length >= 8, "data.max_length", "must be >= 8")
+        _require(self.num_workers >= 0, "data.num_workers", "must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 3
+    max_steps: int = 0  # optimizer steps; 0 = no cap
+    lr: float = 5e-5  # peak learning rate of AdamW
+    weight_decay: float = 0.01  # not applied to biases and norm weights
+    warmup_ratio: float = 0.06  # share of all steps spent warming up linearly, then linear decay to 0
+    grad_accum_steps: int = 1
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    precision: Precision = Precision.bf16
+    log_every_steps: int = 10
+    eval_every_steps: int = 0  # 0 = evaluate at the end of each epoch only
+
+    def __post_init__(self) -> None:
+        _require(self.epochs >= 1, "train.epochs", "must be >= 1")
+        _require(self.max_steps >= 0, "train.max_steps", "must be >= 0 (0 = no cap)")
+        _require(self.lr > 0, "train.lr", "must be > 0")
+        _require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        _require(0 <= self.warmup_ratio < 1, "train.warmup_ratio", "must be in [0, 1)")
+        _require(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
+        _require(self.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 = no clipping)")
+        _require(self.log_every_steps >= 1, "train.log_every_steps", "must be >= 1")
+        _require(self.eval_every_steps >= 0, "train.eval_every_steps", "must be >= 0")
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 500  # also written at the end of every epoch; 0 = only then
+    keep_last: int = 3  # older checkpoints are deleted
+
+    def __post_init__(self) -> None:
+        _require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
+        _require(self.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
+
+
+@dataclass
+class DistributedConfig:
+    backend: Backend = Backend.nccl
+    device: Device = Device.cuda
+    timeout_s: int = 1800  # a collective that waits longer ends the job instead of hanging it
+    find_unused_parameters: bool = False  # only for models that skip parameters in forward
+    gradient_as_bucket_view: bool = True  # saves one copy of the gradients
+    static_graph: bool = False
+
+    def __post_init__(self) -> None:
+        _require(self.timeout_s >= 1, "distributed.timeout_s", "must be >= 1")
+        _require(
+            not (self.backend is Backend.nccl and self.device is Device.cpu),
+            "distributed.backend",
+            "nccl needs distributed.device=cuda; use distributed.backend=gloo on CPU",
+        )
+
+
+@dataclass
+class Config:
+    output_dir: str = "outputs/run"  # metrics.jsonl, checkpoints/ and final/ go here
+    seed: int = 42
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+    def __post_init__(self) -> None:
+        _require(bool(self.output_dir.strip()), "output_dir", "must not be empty")
+        _require(
+            not (self.train.precision is Precision.fp16 and self.distributed.device is Device.cpu),
+            "train.precision",
+            "fp16 needs CUDA; use train.precision=bf16 or fp32 on CPU",
+        )
+
+    def to_yaml(self) -> str:
+        return OmegaConf.to_yaml(OmegaConf.structured(self))
+
+
+def default_config_path() -> Path:
+    return Path(str(resources.files(__package__).joinpath("defaults.yaml")))
+
+
+def load_config(overrides: list[str], defaults: Path | None = None) -> Config:
+    """Merge the defaults file with ``key=value`` overrides and validate the result."""
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"argument {item!r} is not key=value; write e.g. train.lr=1e-4")
+    path = defaults or default_config_path()
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(Config),
+            OmegaConf.load(path),
+            OmegaConf.from_dotlist(overrides),
+        )
+        config = OmegaConf.to_object(merged)
+    except ConfigKeyError as error:
+        raise ConfigError(f"{error.full_key}: unknown config key; the valid keys are in {path}") from None
+    except OmegaConfBaseException as error:
+        reason = str(error.msg if hasattr(error, "msg") else error).splitlines()[0]
+        raise ConfigError(f"{error.full_key or path}: {reason}") from None
+    assert isinstance(config, Config)
+    return config

@@ -1,0 +1,1 @@
+"""Offline demo builders, one per model type: a tiny local checkpoint plus data in the contract format."""

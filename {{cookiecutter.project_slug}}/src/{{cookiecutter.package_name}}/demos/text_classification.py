@@ -1,0 +1,87 @@
+"""A tiny BERT with its own WordPiece tokenizer, and a three-class sentiment data set with string labels."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+
+WORDS = {
+    "positive": ["great", "wonderful", "loved", "excellent", "delightful", "superb", "enjoyed"],
+    "negative": ["awful", "terrible", "hated", "boring", "dreadful", "poor", "disappointing"],
+    "neutral": ["okay", "average", "fine", "ordinary", "acceptable", "standard", "plain"],
+}
+SUBJECTS = ["the film", "this book", "the service", "our trip", "the meal", "the concert", "the game"]
+FILLER = ["really", "quite", "honestly", "overall", "to be fair", "in the end", "mostly", "simply"]
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def sentence(rng: random.Random, label: str) -> str:
+    words = [rng.choice(SUBJECTS), "was", rng.choice(FILLER), rng.choice(WORDS[label])]
+    if rng.random() < 0.5:
+        words += ["and", rng.choice(FILLER), rng.choice(WORDS[label])]
+    return " ".join(words).capitalize() + rng.choice([".", "!", "..."])
+
+
+def write_split(path: Path, rng: random.Random, count: int) -> list[str]:
+    texts, rows = [], []
+    for _ in range(count):
+        label = rng.choice(sorted(WORDS))
+        texts.append(sentence(rng, label))
+        rows.append(json.dumps({"text": texts[-1], "label": label}))
+    path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return texts
+
+
+def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.train_from_iterator(corpus, trainers.WordPieceTrainer(special_tokens=SPECIAL_TOKENS))
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        model_max_length=128,
+    )
+
+
+def build(directory: Path) -> list[str]:
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    corpus = write_split(directory / "train.jsonl", rng, 600)
+    corpus += write_split(directory / "val.jsonl", rng, 101)  # not a multiple of the world size
+    tokenizer = build_tokenizer(corpus)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model_dir = directory / "model"
+    BertForMaskedLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    return [
+        f"model.pretrained={model_dir}",
+        f"data.train_file={directory / 'train.jsonl'}",
+        f"data.val_file={directory / 'val.jsonl'}",
+        "output_dir=outputs/demo",
+        "data.batch_size=16",
+        "train.epochs=3",
+        "train.lr=2e-3",
+        "train.warmup_ratio=0.1",
+        "data.num_workers=0",
+    ]

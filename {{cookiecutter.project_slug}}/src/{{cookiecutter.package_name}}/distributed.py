@@ -1,0 +1,133 @@
+"""All of the process-group plumbing: ranks, device, init/teardown and the few collectives the loop uses.
+
+Every helper works without a process group too, so ``python -m <package>`` runs as one process with the
+same code path as ``torchrun``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .config import Backend, ConfigError, Device, DistributedConfig
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int  # global rank: decides who writes (rank 0 only)
+    local_rank: int  # rank on this node: decides the GPU
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """The one process that logs, writes metrics and saves checkpoints."""
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
+
+
+def resolve_device(config: DistributedConfig, local_rank: int) -> torch.device:
+    """The device of this process, from LOCAL_RANK: the global rank is wrong on every node but the first."""
+    if config.device is Device.cpu:
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        fix = "distributed.device=cpu distributed.backend=gloo"
+        if config.backend is Backend.gloo:
+            fix = "distributed.device=cpu"
+        raise ConfigError(f"distributed.device: CUDA is not available on this machine; use {fix}")
+    if local_rank >= torch.cuda.device_count():
+        raise ConfigError(
+            f"LOCAL_RANK={local_rank} but only {torch.cuda.device_count()} GPUs are visible; "
+            "start at most that many processes per node (NPROC_PER_NODE)"
+        )
+    return torch.device("cuda", local_rank)
+
+
+@contextmanager
+def distributed(config: DistributedConfig) -> Iterator[DistEnv]:
+    """Join the process group torchrun prepared (if any) and always leave it again."""
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    world_size = _env_int("WORLD_SIZE", 1)
+    device = resolve_device(config, local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if launched_by_torchrun():
+        dist.init_process_group(
+            backend=config.backend.value,
+            timeout=timedelta(seconds=config.timeout_s),
+            device_id=device if device.type == "cuda" else None,
+        )
+    try:
+        yield DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+@contextmanager
+def main_process_first(env: DistEnv) -> Iterator[None]:
+    """Let rank 0 fill a cache (download, preprocessing) before the others read it.
+
+    Every rank enters both barriers, so this is safe to use around code that differs by rank.
+    """
+    if not env.is_main:
+        barrier()
+    try:
+        yield
+    finally:
+        if env.is_main:
+            barrier()
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def broadcast_object(value: Any, env: DistEnv) -> Any:
+    """Rank 0's value on every rank."""
+    if not is_distributed():
+        return value
+    box = [value if env.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(value: Any, env: DistEnv) -> list[Any]:
+    """Every rank's value, in rank order, on every rank."""
+    if not is_distributed():
+        return [value]
+    gathered: list[Any] = [None] * env.world_size
+    dist.all_gather_object(gathered, value)
+    return gathered

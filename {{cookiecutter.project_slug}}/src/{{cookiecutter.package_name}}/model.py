@@ -1,0 +1,43 @@
+"""Wrapping the model for DDP and getting the plain module back for saving and evaluation."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from .config import DistributedConfig
+from .distributed import DistEnv, is_distributed
+
+
+def wrap_ddp(model: nn.Module, env: DistEnv, config: DistributedConfig) -> nn.Module:
+    """Move to this rank's device and wrap; weights must be loaded before, DDP broadcasts rank 0's."""
+    model.to(env.device)
+    if not is_distributed():
+        return model
+    return DistributedDataParallel(
+        model,
+        device_ids=[env.device.index] if env.device.type == "cuda" else None,
+        find_unused_parameters=config.find_unused_parameters,
+        gradient_as_bucket_view=config.gradient_as_bucket_view,
+        static_graph=config.static_graph,
+    )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module, without DDP's ``module.`` or torch.compile's ``_orig_mod.`` prefixes."""
+    while True:
+        if isinstance(model, DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
+
+
+def skip_gradient_sync(model: nn.Module, skip: bool) -> AbstractContextManager:
+    """DDP's ``no_sync`` on the micro-steps of an accumulation window that are not its last."""
+    if skip and isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    return nullcontext()

@@ -1,0 +1,196 @@
+"""Text classification: JSON Lines with ``text`` and ``label``, fine-tuning a sequence classifier.
+
+Labels are integers, or strings mapped to ids in sorted order; the names are saved with the model
+(``id2label`` / ``label2id`` in its config). Tokenization runs once, on rank 0, and is shared with the
+other ranks through a cache file under ``output_dir/cache``; batches are padded to their own longest sample.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from ..config import Config, ConfigError
+from ..data import DataError, TaskData, cached, fingerprint, read_jsonl, require_file
+from ..distributed import DistEnv
+
+FIELDS = ("text", "label")
+EVALUATION_SUMS = ("loss", "correct", "count")
+
+
+def check_config(config: Config) -> None:
+    if not config.model.pretrained:
+        raise ConfigError("model.pretrained is empty; give a Hugging Face hub id or a local directory")
+    require_file("data.train_file", config.data.train_file)
+    if config.data.val_file:
+        require_file("data.val_file", config.data.val_file)
+
+
+class EncodedDataset(Dataset):
+    def __init__(self, input_ids: list[list[int]], labels: list[int]) -> None:
+        self.input_ids = input_ids
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[list[int], int]:
+        return self.input_ids[index], self.labels[index]
+
+
+def _label_kind(label: Any) -> str | None:
+    # bool is an int subclass in Python, but true/false are not class ids.
+    return {int: "integer", str: "string"}.get(type(label))
+
+
+def label_names(rows: list[dict[str, Any]], path: str) -> list[str]:
+    """Integer labels keep their values as ids; string labels get ids in sorted order."""
+    first_kind = _label_kind(rows[0]["label"])
+    for row in rows:
+        label, kind = row["label"], _label_kind(row["label"])
+        if kind is None or kind != first_kind:
+            raise DataError(
+                f"{path}:{row['_line']}: label {label!r} must be an integer or a string, "
+                "the same kind on every line"
+            )
+        if kind == "integer" and label < 0:
+            raise DataError(f"{path}:{row['_line']}: label {label} is negative; ids start at 0")
+    if first_kind == "integer":
+        return [str(index) for index in range(max(row["label"] for row in rows) + 1)]
+    return sorted({row["label"] for row in rows})
+
+
+def encode_labels(rows: list[dict[str, Any]], names: list[str], kind: str, path: str) -> list[int]:
+    ids = {name: index for index, name in enumerate(names)}
+    encoded = []
+    for row in rows:
+        label = row["label"]
+        if _label_kind(label) != kind or str(label) not in ids:
+            raise DataError(
+                f"{path}:{row['_line']}: label {label!r} never appears in data.train_file; "
+                "every validation label must be one the model is trained on"
+            )
+        encoded.append(ids[str(label)])
+    return encoded
+
+
+def load_tokenizer(config: Config) -> Any:
+    tokenizer = AutoTokenizer.from_pretrained(config.model.pretrained)
+    if tokenizer.pad_token is None:  # GPT-2/Llama-style tokenizers have none; reuse the end token
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    return tokenizer
+
+
+def max_length(config: Config, tokenizer: Any) -> int:
+    model_limit = tokenizer.model_max_length
+    if not isinstance(model_limit, int) or model_limit > 1_000_000:  # "no limit" sentinel
+        return config.data.max_length
+    return min(config.data.max_length, model_limit)
+
+
+def preprocess(config: Config) -> dict[str, Any]:
+    tokenizer = load_tokenizer(config)
+    length = max_length(config, tokenizer)
+    train_path = config.data.train_file
+    train_rows = read_jsonl(train_path, FIELDS)
+    names = label_names(train_rows, train_path)
+    kind = _label_kind(train_rows[0]["label"])
+
+    def encode(rows: list[dict[str, Any]], path: str) -> EncodedDataset:
+        for row in rows:
+            if not isinstance(row["text"], str):
+                raise DataError(f"{path}:{row['_line']}: field 'text' must be a string")
+        texts = [row["text"] for row in rows]
+        ids = tokenizer(texts, truncation=True, max_length=length)["input_ids"]
+        return EncodedDataset(ids, encode_labels(rows, names, kind, path))
+
+    val = None
+    if config.data.val_file:
+        val = encode(read_jsonl(config.data.val_file, FIELDS), config.data.val_file)
+    return {"train": encode(train_rows, train_path), "val": val, "labels": names}
+
+
+def build_data(config: Config, env: DistEnv) -> TaskData:
+    key = fingerprint(
+        Path(config.data.train_file),
+        Path(config.data.val_file) if config.data.val_file else None,
+        config.model.pretrained,
+        config.data.max_length,
+    )
+    cache_file = Path(config.output_dir) / "cache" / f"text-classification-{key}.pt"
+    processed = cached(cache_file, lambda: preprocess(config), env)
+    tokenizer = load_tokenizer(config)
+    return TaskData(
+        train=processed["train"],
+        val=processed["val"],
+        collate=Collator(tokenizer.pad_token_id),
+        extras={"labels": processed["labels"], "tokenizer": tokenizer},
+    )
+
+
+class Collator:
+    """Pads each batch to its own longest sample (dynamic padding)."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, samples: list[tuple[list[int], int]]) -> dict[str, torch.Tensor]:
+        longest = max(len(ids) for ids, _ in samples)
+        input_ids = torch.full((len(samples), longest), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(samples), longest), dtype=torch.long)
+        for row, (ids, _) in enumerate(samples):
+            input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, : len(ids)] = 1
+        labels = torch.tensor([label for _, label in samples], dtype=torch.long)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+def build_model(config: Config, data: TaskData) -> nn.Module:
+    names = data.extras["labels"]
+    model = AutoModelForSequenceClassification.from_pretrained(
+        config.model.pretrained,
+        num_labels=len(names),
+        id2label=dict(enumerate(names)),
+        label2id={name: index for index, name in enumerate(names)},
+        ignore_mismatched_sizes=True,  # a new head when the label count differs from the checkpoint's
+        dtype=torch.float32,  # master weights stay fp32; autocast handles bf16/fp16
+    )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = data.extras["tokenizer"].pad_token_id
+    return model
+
+
+def _logits(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+
+
+def training_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return F.cross_entropy(_logits(model, batch).float(), batch["labels"])
+
+
+def evaluation_sums(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    logits = _logits(model, batch).float()
+    labels = batch["labels"]
+    return {
+        "loss": F.cross_entropy(logits, labels, reduction="sum").double(),
+        "correct": (logits.argmax(dim=-1) == labels).sum().double(),
+        "count": torch.tensor(float(labels.numel()), dtype=torch.float64, device=labels.device),
+    }
+
+
+def evaluation_metrics(sums: dict[str, float]) -> dict[str, float]:
+    return {
+        "eval_loss": sums["loss"] / sums["count"],
+        "eval_accuracy": sums["correct"] / sums["count"],
+    }
+
+
+def save_final(model: nn.Module, data: TaskData, directory: Path) -> None:
+    model.save_pretrained(directory, safe_serialization=True)
+    data.extras["tokenizer"].save_pretrained(directory)

@@ -91,4 +91,8 @@ if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
     fi
 fi
 
+# Refuse a bad override or a missing data path here, in one process and one line, before any
+# process group is formed.
+python -m {{ cookiecutter.package_name }} --check "$@"
+
 exec torchrun "${args[@]}" -m {{ cookiecutter.package_name }} "$@"

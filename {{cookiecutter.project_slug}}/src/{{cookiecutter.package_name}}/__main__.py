@@ -20,7 +20,9 @@ USAGE = """usage: python -m {package} [key=value ...]
 
 Trains with the defaults in {package}/defaults.yaml, each key=value overriding one of them,
 e.g. train.lr=1e-4 data.batch_size=8 output_dir=outputs/run2. Run under torchrun (see launch.sh)
-for more than one process."""
+for more than one process.
+
+  --check   validate the configuration and data paths, then exit (0 when the run can start)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,10 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help") for arg in args):
         print(USAGE.format(package=__package__))
         return 0
+    check_only = "--check" in args
     try:
-        config = load_config(args)
+        config = load_config([arg for arg in args if arg != "--check"])
         task = load_task()
         task.check_config(config)
+        if check_only:
+            return 0
         with distributed(config.distributed) as env:
             setup_logging(env)
             Trainer(config, task, env).fit()

@@ -147,6 +147,8 @@ def load_config(overrides: list[str], defaults: Path | None = None) -> Config:
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"argument {item!r} is not key=value; write e.g. train.lr=1e-4")
+    # YAML reads an empty value as null; on the command line `key=` means an empty string.
+    overrides = [f"{item}''" if item.endswith("=") else item for item in overrides]
     path = defaults or default_config_path()
     try:
         merged = OmegaConf.merge(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
+from transformers.utils import logging as transformers_logging
 
 WORDS = {
     "positive": ["great", "wonderful", "loved", "excellent", "delightful", "superb", "enjoyed"],
@@ -57,6 +58,7 @@ def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
 
 
 def build(directory: Path) -> list[str]:
+    transformers_logging.disable_progress_bar()
     directory.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     corpus = write_split(directory / "train.jsonl", rng, 600)
@@ -81,7 +83,7 @@ def build(directory: Path) -> list[str]:
         "output_dir=outputs/demo",
         "data.batch_size=16",
         "train.epochs=3",
-        "train.lr=2e-3",
+        "train.lr=5e-3",
         "train.warmup_ratio=0.1",
         "data.num_workers=0",
     ]

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers.utils import logging as transformers_logging
 
 from ..config import Config, ConfigError
 from ..data import DataError, TaskData, cached, fingerprint, read_jsonl, require_file
@@ -116,7 +117,15 @@ def preprocess(config: Config) -> dict[str, Any]:
     return {"train": encode(train_rows, train_path), "val": val, "labels": names}
 
 
+def quiet_transformers(env: DistEnv) -> None:
+    """One copy of the library's load report (rank 0's), and no download bars in the job log."""
+    transformers_logging.disable_progress_bar()
+    if not env.is_main:
+        transformers_logging.set_verbosity_error()
+
+
 def build_data(config: Config, env: DistEnv) -> TaskData:
+    quiet_transformers(env)
     key = fingerprint(
         Path(config.data.train_file),
         Path(config.data.val_file) if config.data.val_file else None,

@@ -1,0 +1,84 @@
+"""Configuration: YAML defaults plus key=value overrides, refused with the key's name when wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from {{ cookiecutter.package_name }}.__main__ import main
+from {{ cookiecutter.package_name }}.config import Backend, ConfigError, Precision, load_config
+
+CONTRACT_KEYS = [
+    "output_dir",
+    "seed",
+    "model.pretrained",
+    "data.train_file",
+    "data.val_file",
+    "data.batch_size",
+    "train.epochs",
+    "train.max_steps",
+    "train.lr",
+    "train.grad_accum_steps",
+    "train.precision",
+    "checkpoint.every_steps",
+    "distributed.backend",
+]
+
+
+def _get(config: object, dotted: str) -> object:
+    for part in dotted.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def test_defaults_load_and_hold_every_contract_key() -> None:
+    config = load_config([])
+    for key in CONTRACT_KEYS:
+        _get(config, key)  # raises AttributeError when a key is missing
+
+
+def test_overrides_are_typed() -> None:
+    config = load_config(["train.lr=1e-4", "data.batch_size=7", "train.precision=fp32", "seed=3"])
+    assert config.train.lr == pytest.approx(1e-4)
+    assert config.data.batch_size == 7
+    assert config.train.precision is Precision.fp32
+    assert config.seed == 3
+    assert load_config(["distributed.backend=gloo"]).distributed.backend is Backend.gloo
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.epoch=3"], "train.epoch: unknown config key"),
+        (["model.name=x"], "model.name: unknown config key"),
+        (["data.batch_size=eight"], "data.batch_size:"),
+        (["train.precision=fp8"], "train.precision:"),
+        (["distributed.backend=mpi"], "distributed.backend:"),
+        (["train.lr"], "is not key=value"),
+        (["data.batch_size=0"], "data.batch_size: must be >= 1"),
+        (["train.grad_accum_steps=0"], "train.grad_accum_steps: must be >= 1"),
+        (["train.warmup_ratio=1.5"], "train.warmup_ratio: must be in [0, 1)"),
+        (["distributed.backend=nccl", "distributed.device=cpu"], "distributed.backend: nccl needs"),
+        (["train.precision=fp16", "distributed.device=cpu"], "train.precision: fp16 needs CUDA"),
+    ],
+)
+def test_bad_overrides_name_the_key(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_config(overrides)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_main_refuses_bad_input_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nowhere.jsonl"
+    code = main([f"output_dir={tmp_path / 'out'}", f"data.train_file={missing}", "--check"])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.train_file" in err[0] and "does not exist" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_accepts_the_demo(demo: tuple[Path, list[str]], tmp_path: Path) -> None:
+    _, overrides = demo
+    assert main([*overrides, f"output_dir={tmp_path}", "distributed.device=cpu", "--check"]) == 0

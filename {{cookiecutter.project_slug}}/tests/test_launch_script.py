@@ -1,0 +1,132 @@
+"""launch.sh builds the right torchrun command line; fake ``python`` and ``torchrun`` record what it runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import PACKAGE, PROJECT
+
+SCRIPT = PROJECT / "launch.sh"
+RENDERED_GPUS = int(re.search(r"RENDERED_GPUS_PER_NODE=(\d+)", SCRIPT.read_text()).group(1))
+gpu_project = pytest.mark.skipif(RENDERED_GPUS == 0, reason="GPU device selection: GPU projects only")
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path) -> Path:
+    """``torchrun`` prints its arguments; ``python`` (the config pre-check) succeeds unless told not to."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "torchrun").write_text(
+        '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\necho "OMP=$OMP_NUM_THREADS"\n'
+    )
+    (bin_dir / "python").write_text(
+        '#!/usr/bin/env bash\nif [[ -n "${FAIL_CHECK:-}" ]]; then echo "error: $FAIL_CHECK" >&2; exit 1; fi\n'
+    )
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    return bin_dir
+
+
+def launch(fake_bin: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "NPROC_PER_NODE",
+            "NNODES",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "NODE_RANK",
+            "MAX_RESTARTS",
+            "CUDA_VISIBLE_DEVICES",
+            "OMP_NUM_THREADS",
+            "RUN_ID",
+        }
+    }
+    clean["PATH"] = f"{fake_bin}{os.pathsep}{clean['PATH']}"
+    clean.update(env)
+    return subprocess.run([str(SCRIPT), *args], env=clean, capture_output=True, text=True, timeout=30)
+
+
+def test_single_node_runs_standalone_and_passes_overrides_verbatim(fake_bin: Path) -> None:
+    result = launch(fake_bin, "train.lr=1e-4", "output_dir=runs/a b", NPROC_PER_NODE="2")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "--standalone" in lines and "--nproc-per-node=2" in lines and "--max-restarts=0" in lines
+    assert not any(line.startswith(("--rdzv", "--master")) for line in lines)
+    assert lines[lines.index("-m") + 1 : lines.index("-m") + 4] == [
+        PACKAGE,
+        "train.lr=1e-4",
+        "output_dir=runs/a b",
+    ]
+
+
+def test_multi_node_uses_c10d_rendezvous(fake_bin: Path) -> None:
+    result = launch(
+        fake_bin, NPROC_PER_NODE="1", NNODES="2", MASTER_ADDR="10.1.2.3", MASTER_PORT="1234", NODE_RANK="1",
+        MAX_RESTARTS="3",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for expected in ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.1.2.3:1234", "--node-rank=1",
+                     "--max-restarts=3"]:  # fmt: skip
+        assert expected in lines
+    assert "--standalone" not in lines
+    assert any(line.startswith("--rdzv-id=") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"NNODES": "2"}, "needs MASTER_ADDR"),
+        ({"NPROC_PER_NODE": "two"}, "NPROC_PER_NODE='two'"),
+        ({"NPROC_PER_NODE": "0"}, "NPROC_PER_NODE='0'"),
+        ({"NNODES": "0"}, "NNODES='0'"),
+        ({"MAX_RESTARTS": "-1"}, "MAX_RESTARTS='-1'"),
+    ],
+)
+def test_bad_launch_variables_are_refused(fake_bin: Path, env: dict[str, str], message: str) -> None:
+    result = launch(fake_bin, **{"NPROC_PER_NODE": "1", **env})
+    assert result.returncode == 1
+    assert message in result.stderr and result.stdout == ""
+
+
+def test_config_is_checked_before_torchrun_starts(fake_bin: Path) -> None:
+    result = launch(fake_bin, "bad.key=1", NPROC_PER_NODE="2", FAIL_CHECK="bad.key: unknown config key")
+    assert result.returncode == 1
+    assert result.stderr.strip() == "error: bad.key: unknown config key"
+    assert result.stdout == ""  # torchrun never ran
+
+
+def test_omp_threads_are_set_for_the_processes(fake_bin: Path) -> None:
+    result = launch(fake_bin, NPROC_PER_NODE="2")
+    threads = int(result.stdout.splitlines()[-1].removeprefix("OMP="))
+    if RENDERED_GPUS == 0:
+        assert threads == max(1, (os.cpu_count() or 1) // 2)
+    else:
+        assert threads == 1
+    assert launch(fake_bin, NPROC_PER_NODE="2", OMP_NUM_THREADS="5").stdout.splitlines()[-1] == "OMP=5"
+
+
+@gpu_project
+def test_one_process_per_visible_gpu(fake_bin: Path) -> None:
+    result = launch(fake_bin, CUDA_VISIBLE_DEVICES="0,2,3")
+    assert "--nproc-per-node=3" in result.stdout.splitlines()
+
+
+@gpu_project
+def test_more_processes_than_visible_gpus_is_refused(fake_bin: Path) -> None:
+    result = launch(fake_bin, CUDA_VISIBLE_DEVICES="0,1", NPROC_PER_NODE="4")
+    assert result.returncode == 1
+    assert "NPROC_PER_NODE=4 but only 2 GPU(s) are visible" in result.stderr
+
+
+@gpu_project
+def test_rendered_gpu_count_is_the_default(fake_bin: Path) -> None:
+    result = launch(fake_bin)
+    assert f"--nproc-per-node={RENDERED_GPUS}" in result.stdout.splitlines()

@@ -1,0 +1,66 @@
+"""Samplers: training shards cover the data with no overlap; evaluation sees every sample exactly once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.data import ResumableDistributedSampler, ShardSampler
+from {{ cookiecutter.package_name }}.distributed import DistEnv
+
+CPU = torch.device("cpu")
+
+
+def _env(rank: int, world_size: int) -> DistEnv:
+    return DistEnv(rank=rank, local_rank=rank, world_size=world_size, device=CPU)
+
+
+def _shards(size: int, world_size: int, epoch: int = 0) -> list[list[int]]:
+    shards = []
+    for rank in range(world_size):
+        sampler = ResumableDistributedSampler(range(size), _env(rank, world_size), seed=7)
+        sampler.set_epoch(epoch)
+        shards.append(list(sampler))
+    return shards
+
+
+@pytest.mark.parametrize(("size", "world_size"), [(100, 2), (101, 2), (101, 3), (10, 4)])
+def test_training_shards_are_disjoint_and_cover_all_but_the_remainder(size: int, world_size: int) -> None:
+    shards = _shards(size, world_size)
+    seen = [index for shard in shards for index in shard]
+    assert len(seen) == len(set(seen)), "a sample is on two ranks"
+    assert len({len(shard) for shard in shards}) == 1, "ranks got different shard sizes"
+    assert len(seen) == size - size % world_size
+
+
+def test_every_epoch_has_its_own_order() -> None:
+    assert _shards(64, 2, epoch=0) != _shards(64, 2, epoch=1)
+
+
+def test_global_batches_do_not_depend_on_the_world_size() -> None:
+    batch_per_rank = {1: 8, 2: 4, 4: 2}  # the same global batch of 8
+    global_batches = {}
+    for world_size, per_rank in batch_per_rank.items():
+        shards = _shards(64, world_size)
+        steps = len(shards[0]) // per_rank
+        global_batches[world_size] = [
+            sorted(i for shard in shards for i in shard[step * per_rank : (step + 1) * per_rank])
+            for step in range(steps)
+        ]
+    assert global_batches[1] == global_batches[2] == global_batches[4]
+
+
+def test_start_at_skips_what_the_job_consumed() -> None:
+    full = _shards(40, 2)
+    for rank in range(2):
+        sampler = ResumableDistributedSampler(range(40), _env(rank, 2), seed=7)
+        sampler.set_epoch(0)
+        sampler.start_at(12)  # 12 samples consumed by the whole job: 6 per rank
+        assert list(sampler) == full[rank][6:]
+        assert len(sampler) == 14
+
+
+@pytest.mark.parametrize(("size", "world_size"), [(101, 2), (101, 3), (2, 3), (0, 2)])
+def test_evaluation_shards_hold_every_sample_exactly_once(size: int, world_size: int) -> None:
+    seen = sorted(i for rank in range(world_size) for i in ShardSampler(size, _env(rank, world_size)))
+    assert seen == list(range(size))

@@ -6,6 +6,7 @@ import math
 import shutil
 import sys
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from types import ModuleType
 
@@ -37,7 +38,7 @@ class Trainer:
         # One seed for data and model set-up, so every rank (and every world size) builds the same head.
         seed_everything(config.seed)
         self.data = task.build_data(config, env)
-        with main_process_first(env):  # rank 0 downloads the checkpoint; the others read the hub cache
+        with _download_first(config.model.pretrained, env):
             model = task.build_model(config, self.data).to(env.device)
 
         train = config.train
@@ -172,3 +173,10 @@ class Trainer:
             partial.rename(final)
             log.info(f"fine-tuned model saved: {final}")
         barrier()  # no rank reports success before the model is on disk
+
+
+def _download_first(pretrained: str, env: DistEnv) -> AbstractContextManager:
+    """Rank 0 alone fetches a hub checkpoint, the others then read the cache; local paths load at once."""
+    if not pretrained or Path(pretrained).exists():
+        return nullcontext()
+    return main_process_first(env)

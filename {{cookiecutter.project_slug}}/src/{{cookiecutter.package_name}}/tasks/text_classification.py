@@ -20,6 +20,7 @@ from transformers.utils import logging as transformers_logging
 from ..config import Config, ConfigError
 from ..data import DataError, TaskData, cached, fingerprint, read_jsonl, require_file
 from ..distributed import DistEnv
+from ..metrics import log
 
 FIELDS = ("text", "label")
 EVALUATION_SUMS = ("loss", "correct", "count")
@@ -117,15 +118,14 @@ def preprocess(config: Config) -> dict[str, Any]:
     return {"train": encode(train_rows, train_path), "val": val, "labels": names}
 
 
-def quiet_transformers(env: DistEnv) -> None:
-    """One copy of the library's load report (rank 0's), and no download bars in the job log."""
+def quiet_transformers() -> None:
+    """No per-rank load reports or download bars in the job log; build_model logs one summary line."""
     transformers_logging.disable_progress_bar()
-    if not env.is_main:
-        transformers_logging.set_verbosity_error()
+    transformers_logging.set_verbosity_error()
 
 
 def build_data(config: Config, env: DistEnv) -> TaskData:
-    quiet_transformers(env)
+    quiet_transformers()
     key = fingerprint(
         Path(config.data.train_file),
         Path(config.data.val_file) if config.data.val_file else None,
@@ -172,6 +172,7 @@ def build_model(config: Config, data: TaskData) -> nn.Module:
     )
     if model.config.pad_token_id is None:
         model.config.pad_token_id = data.extras["tokenizer"].pad_token_id
+    log.info(f"loaded {config.model.pretrained} with a classification head for {len(names)} labels")
     return model
 
 

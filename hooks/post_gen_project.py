@@ -26,7 +26,8 @@ MODEL_TYPE_FILES = {
         "tests/test_custom.py",
     ],
 }
-# Context entries that describe this machine or cookiecutter itself, not the user's answers.
+# Context entries of cookiecutter's own or of this render's output location, not answers. `_template`
+# stays: it is where the project came from (a gh: URL or a path), which re-rendering needs.
 UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_extensions", "__prompts__"}
 EXECUTABLES = ["launch.sh"]
 

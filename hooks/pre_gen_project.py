@@ -48,8 +48,8 @@ def validate():
     slug = ANSWERS["project_slug"]
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", slug):
         raise Refusal(
-            f"project_slug={slug!r} is not a usable folder name; use letters, digits, '-' and '_', "
-            "starting with a letter"
+            f"project_slug={slug!r} is not a usable folder name; give project_name some letters, "
+            "or set project_slug to letters, digits, '-' and '_', starting with a letter"
         )
     check_identifier(
         "package_name",
@@ -63,9 +63,7 @@ def validate():
     if gpus == 0 and backend == "nccl":
         raise Refusal("backend=nccl needs GPUs but gpus_per_node=0; choose backend=gloo for CPU training")
     if gpus == 0 and precision == "fp16":
-        raise Refusal(
-            "precision=fp16 needs GPUs but gpus_per_node=0; choose bf16 or fp32 for CPU training"
-        )
+        raise Refusal("precision=fp16 needs GPUs but gpus_per_node=0; choose bf16 or fp32 for CPU training")
     model_type = ANSWERS["model_type"]
     if model_type in MODEL_TYPES_NEEDING_CHECKPOINT and not str(ANSWERS["pretrained_model"]).strip():
         raise Refusal(

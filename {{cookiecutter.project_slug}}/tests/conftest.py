@@ -30,7 +30,9 @@ def launch_env(nproc: int, **extra: str) -> dict[str, str]:
     return env
 
 
-def run_launch(args: list[str], nproc: int = 2, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+def run_launch(
+    args: list[str], nproc: int = 2, timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(PROJECT / "launch.sh"), *args],
         env=launch_env(nproc, **env),
@@ -59,6 +61,8 @@ def trained(demo: tuple[Path, list[str]], tmp_path_factory: pytest.TempPathFacto
     """One short two-process run on the demo, shared by the tests that inspect its outputs."""
     output_dir = tmp_path_factory.mktemp("run")
     _, overrides = demo
-    result = run_launch([*overrides, f"output_dir={output_dir}", "train.epochs=2", "checkpoint.every_steps=5"])
+    result = run_launch(
+        [*overrides, f"output_dir={output_dir}", "train.epochs=2", "checkpoint.every_steps=5"]
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return output_dir

@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.package_name }}.__main__ import main
-from {{ cookiecutter.package_name }}.config import Backend, ConfigError, Precision, load_config
+from {{ cookiecutter.package_name }}.config import (
+    Backend,
+    ConfigError,
+    Precision,
+    load_config,
+)
 
 CONTRACT_KEYS = [
     "output_dir",

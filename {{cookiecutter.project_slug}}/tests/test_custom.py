@@ -9,7 +9,10 @@ import torch
 from conftest import METRIC, read_metrics
 from safetensors.torch import load_file
 
-from {{ cookiecutter.package_name }}.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.config import (
+    ConfigError,
+    load_config,
+)
 from {{ cookiecutter.package_name }}.data import DataError
 from {{ cookiecutter.package_name }}.distributed import DistEnv
 from {{ cookiecutter.package_name }}.tasks import custom as task

@@ -12,6 +12,7 @@ from conftest import PACKAGE, PROJECT
 
 SCRIPT = PROJECT / "launch.sh"
 RENDERED_GPUS = int(re.search(r"RENDERED_GPUS_PER_NODE=(\d+)", SCRIPT.read_text()).group(1))
+RENDERED_NODES = int(re.search(r"RENDERED_NUM_NODES=(\d+)", SCRIPT.read_text()).group(1))
 gpu_project = pytest.mark.skipif(RENDERED_GPUS == 0, reason="GPU device selection: GPU projects only")
 
 
@@ -49,6 +50,7 @@ def launch(fake_bin: Path, *args: str, **env: str) -> subprocess.CompletedProces
         }
     }
     clean["PATH"] = f"{fake_bin}{os.pathsep}{clean['PATH']}"
+    clean["NNODES"] = "1"  # single node unless a test says otherwise, whatever num_nodes was rendered
     clean.update(env)
     return subprocess.run([str(SCRIPT), *args], env=clean, capture_output=True, text=True, timeout=30)
 
@@ -130,3 +132,13 @@ def test_more_processes_than_visible_gpus_is_refused(fake_bin: Path) -> None:
 def test_rendered_gpu_count_is_the_default(fake_bin: Path) -> None:
     result = launch(fake_bin)
     assert f"--nproc-per-node={RENDERED_GPUS}" in result.stdout.splitlines()
+
+
+def test_rendered_node_count_is_the_default(fake_bin: Path) -> None:
+    result = launch(fake_bin, NPROC_PER_NODE="1", NNODES="", MASTER_ADDR="10.1.2.3")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    if RENDERED_NODES == 1:
+        assert "--standalone" in lines
+    else:
+        assert f"--nnodes={RENDERED_NODES}" in lines and "--rdzv-endpoint=10.1.2.3:29500" in lines

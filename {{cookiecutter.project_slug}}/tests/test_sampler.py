@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.data import ResumableDistributedSampler, ShardSampler
+from {{ cookiecutter.package_name }}.data import (
+    ResumableDistributedSampler,
+    ShardSampler,
+)
 from {{ cookiecutter.package_name }}.distributed import DistEnv
 
 CPU = torch.device("cpu")

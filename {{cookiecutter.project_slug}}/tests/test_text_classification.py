@@ -35,7 +35,11 @@ def _data(demo: tuple[Path, list[str]], tmp_path: Path, train: list[object], val
 
 
 def test_string_labels_get_sorted_ids(demo, tmp_path: Path) -> None:
-    rows = [{"text": "good", "label": "pos"}, {"text": "bad", "label": "neg"}, {"text": "meh", "label": "mid"}]
+    rows = [
+        {"text": "good", "label": "pos"},
+        {"text": "bad", "label": "neg"},
+        {"text": "meh", "label": "mid"},
+    ]
     data = _data(demo, tmp_path, rows, rows[:2])
     assert data.extras["labels"] == ["mid", "neg", "pos"]
     assert [label for _, label in data.train] == [2, 1, 0]
@@ -52,7 +56,7 @@ def test_integer_labels_keep_their_values(demo, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("train", "val", "message"),
     [
-        (["{\"text\": \"a\", \"label\": 1}", "{not json"], None, "train.jsonl:2: not valid JSON"),
+        (['{"text": "a", "label": 1}', "{not json"], None, "train.jsonl:2: not valid JSON"),
         ([{"text": "a", "label": 1}, {"text": "b"}], None, "train.jsonl:2: missing field 'label'"),
         ([{"label": 1}], None, "train.jsonl:1: missing field 'text'"),
         ([{"text": "a", "label": 1}, {"text": "b", "label": "x"}], None, "train.jsonl:2: label 'x' must be"),
@@ -60,7 +64,11 @@ def test_integer_labels_keep_their_values(demo, tmp_path: Path) -> None:
         ([{"text": "a", "label": True}], None, "train.jsonl:1: label True must be"),
         ([{"text": 5, "label": 0}], None, "train.jsonl:1: field 'text' must be a string"),
         ([], None, "train.jsonl: no records"),
-        ([{"text": "a", "label": "x"}], [{"text": "b", "label": "y"}], "val.jsonl:1: label 'y' never appears"),
+        (
+            [{"text": "a", "label": "x"}],
+            [{"text": "b", "label": "y"}],
+            "val.jsonl:1: label 'y' never appears",
+        ),
         ([{"text": "a", "label": 0}], [{"text": "b", "label": "0"}], "val.jsonl:1: label '0' never appears"),
     ],
 )

@@ -1,0 +1,171 @@
+"""Shared data and helpers of the template tests: the answer matrix, the expected files, tool runners.
+
+Everything here is plain data or a pure function, so tests stay independent under pytest-xdist.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATE_DIR_NAME = "{{cookiecutter.project_slug}}"
+# The files a template checkout consists of (what a `git clone` of the template must carry).
+TEMPLATE_ENTRIES = ["cookiecutter.json", "hooks", TEMPLATE_DIR_NAME, ".gitignore"]
+VENV_BIN = Path(sys.executable).parent
+SHELLCHECK = str(VENV_BIN / "shellcheck")
+
+# --- The answer matrix -------------------------------------------------------------------------------
+GPUS_PER_NODE = ("0", "1", "8")
+BACKENDS = ("nccl", "gloo")
+PRECISIONS = ("bf16", "fp16", "fp32")
+MODEL_TYPES = ("text-classification", "custom")
+DEFAULT_PRETRAINED = {"text-classification": "distilbert/distilbert-base-uncased", "custom": ""}
+# Context entries that describe the machine or cookiecutter itself; they must not be recorded.
+UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_extensions", "__prompts__"}
+
+
+def is_valid_combination(gpus: str, backend: str, precision: str) -> bool:
+    """nccl and fp16 both need GPUs; everything else is a valid combination."""
+    return not (gpus == "0" and (backend == "nccl" or precision == "fp16"))
+
+
+ALL_COMBINATIONS = [
+    {"gpus_per_node": g, "backend": b, "precision": p, "model_type": m}
+    for g, b, p, m in itertools.product(GPUS_PER_NODE, BACKENDS, PRECISIONS, MODEL_TYPES)
+]
+VALID_COMBINATIONS = [
+    c for c in ALL_COMBINATIONS if is_valid_combination(c["gpus_per_node"], c["backend"], c["precision"])
+]
+
+
+def combination_id(answers: dict[str, str]) -> str:
+    return "-".join(f"{key}={value}" for key, value in answers.items())
+
+
+# --- The expected files of a rendered project ----------------------------------------------------------
+# "{pkg}" stands for the package name. The shared core is the same for every model type.
+CORE_FILES = [
+    ".cookiecutter.json",
+    ".gitignore",
+    "README.md",
+    "launch.sh",
+    "pyproject.toml",
+    "src/{pkg}/__init__.py",
+    "src/{pkg}/__main__.py",
+    "src/{pkg}/checkpoint.py",
+    "src/{pkg}/config.py",
+    "src/{pkg}/constants.py",
+    "src/{pkg}/data.py",
+    "src/{pkg}/defaults.yaml",
+    "src/{pkg}/demo.py",
+    "src/{pkg}/demos/__init__.py",
+    "src/{pkg}/distributed.py",
+    "src/{pkg}/evaluation.py",
+    "src/{pkg}/metrics.py",
+    "src/{pkg}/model.py",
+    "src/{pkg}/optim.py",
+    "src/{pkg}/precision.py",
+    "src/{pkg}/rng.py",
+    "src/{pkg}/tasks/__init__.py",
+    "src/{pkg}/trainer.py",
+    "tests/conftest.py",
+    "tests/test_config.py",
+    "tests/test_launch_script.py",
+    "tests/test_sampler.py",
+    "tests/test_training.py",
+]
+# Mirrors MODEL_TYPE_FILES in hooks/post_gen_project.py: the files each model type owns.
+MODEL_TYPE_FILES = {
+    "text-classification": [
+        "src/{pkg}/tasks/text_classification.py",
+        "src/{pkg}/demos/text_classification.py",
+        "tests/test_text_classification.py",
+    ],
+    "custom": [
+        "src/{pkg}/tasks/custom.py",
+        "src/{pkg}/demos/custom.py",
+        "tests/test_custom.py",
+    ],
+}
+
+
+def expected_files(model_type: str, package: str) -> set[str]:
+    return {path.format(pkg=package) for path in CORE_FILES + MODEL_TYPE_FILES[model_type]}
+
+
+def list_files(root: Path) -> set[str]:
+    """Every file under root (hidden ones included), as POSIX paths relative to root."""
+    return {path.relative_to(root).as_posix() for path in root.rglob("*") if not path.is_dir()}
+
+
+def read_tree(root: Path) -> dict[str, tuple[bytes, bool]]:
+    """Relative path -> (content, executable) of every file under root."""
+    return {
+        relative: ((root / relative).read_bytes(), os.access(root / relative, os.X_OK))
+        for relative in sorted(list_files(root))
+    }
+
+
+def leftover_template_syntax(root: Path) -> list[str]:
+    """'path: token' for every Jinja token left in a file's name or content."""
+    found = []
+    for relative in sorted(list_files(root)):
+        text = relative + "\n" + (root / relative).read_text(encoding="utf-8")
+        found += [f"{relative}: {token}" for token in ("{{", "{%", "{#") if token in text]
+    return found
+
+
+# --- Running tools -------------------------------------------------------------------------------------
+def run(cmd: list[str], cwd: Path | str, env: dict[str, str] | None = None, timeout: float = 120):
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def describe(proc: subprocess.CompletedProcess) -> str:
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    return f"{proc.args!r} exited {proc.returncode}:\n{tail}"
+
+
+def ruff_check(project: Path) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=project)
+
+
+def ruff_format_check(project: Path) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-m", "ruff", "format", "--check", "--no-cache", "."], cwd=project)
+
+
+def bash_syntax_check(script: Path) -> subprocess.CompletedProcess:
+    return run(["bash", "-n", script.name], cwd=script.parent)
+
+
+def shellcheck(script: Path) -> subprocess.CompletedProcess:
+    return run([SHELLCHECK, script.name], cwd=script.parent)
+
+
+def write_user_config(directory: Path) -> Path:
+    """A cookiecutter user config that keeps replay files and clones out of the home directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "cookiecutter-config.yaml"
+    config.write_text(
+        f"cookiecutters_dir: {json.dumps(str(directory / 'cookiecutters'))}\n"
+        f"replay_dir: {json.dumps(str(directory / 'replay'))}\n",
+        encoding="utf-8",
+    )
+    return config
+
+
+def cookiecutter_cli(
+    answers: dict[str, str], output_dir: Path, config_file: Path, template: Path = REPO
+) -> subprocess.CompletedProcess:
+    """`python -m cookiecutter --no-input <template> key=value ... -o <output_dir>`."""
+    cmd = [sys.executable, "-m", "cookiecutter", "--no-input", "--config-file", str(config_file)]
+    cmd += [str(template), *(f"{key}={value}" for key, value in answers.items()), "-o", str(output_dir)]
+    return run(cmd, cwd=output_dir.parent)
+
+
+def lines_starting_with(text: str, prefix: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(prefix)]

@@ -1,0 +1,126 @@
+"""Every valid combination of GPUs x backend x precision x model type renders a clean, lint-free project.
+
+Each combination is rendered once per module (and xdist worker) and shared, read-only, by the checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+import yaml
+from conftest import require_rendered
+from template_helpers import (
+    ALL_COMBINATIONS,
+    DEFAULT_PRETRAINED,
+    REPO,
+    UNRECORDED_KEYS,
+    VALID_COMBINATIONS,
+    bash_syntax_check,
+    combination_id,
+    describe,
+    expected_files,
+    leftover_template_syntax,
+    list_files,
+    ruff_check,
+    ruff_format_check,
+    shellcheck,
+)
+
+ASSIGNMENT = r"^\s*(?:readonly\s+|declare\s+-r\s+)?\w*"
+
+
+@pytest.fixture(scope="module", params=VALID_COMBINATIONS, ids=combination_id)
+def rendered(request, cookies_session):
+    answers = request.param
+    project = require_rendered(cookies_session.bake(extra_context=answers, template=str(REPO)))
+    return answers, project
+
+
+def test_matrix_holds_every_valid_combination():
+    # 3 GPU counts x 2 backends x 3 precisions x 2 model types, less nccl/0 GPUs (6) and gloo+fp16/0 GPUs (2).
+    assert len(ALL_COMBINATIONS) == 36
+    assert len(VALID_COMBINATIONS) == 28
+    assert not [c for c in VALID_COMBINATIONS if c["gpus_per_node"] == "0" and c["backend"] == "nccl"]
+    assert not [c for c in VALID_COMBINATIONS if c["gpus_per_node"] == "0" and c["precision"] == "fp16"]
+
+
+def test_renders_exactly_the_files_of_its_model_type(rendered):
+    answers, project = rendered
+    assert project.path.name == "ddp-fine-tuning"
+    actual = list_files(project.path)
+    expected = expected_files(answers["model_type"], project.package)
+    assert sorted(actual - expected) == [], "unexpected files"
+    assert sorted(expected - actual) == [], "missing files"
+
+
+def test_records_the_answers_in_replay_format(rendered):
+    answers, project = rendered
+    assert set(project.recorded) == {"cookiecutter"}
+    recorded = project.answers
+    for key, value in answers.items():
+        assert recorded[key] == value, key
+    assert recorded["project_name"] == "DDP Fine-tuning"
+    assert recorded["project_slug"] == "ddp-fine-tuning"
+    assert recorded["package_name"] == "ddp_fine_tuning"
+    assert recorded["pretrained_model"] == DEFAULT_PRETRAINED[answers["model_type"]]
+    assert recorded["num_nodes"] == "1"
+    questions = json.loads((REPO / "cookiecutter.json").read_text(encoding="utf-8"))
+    public = {key for key in questions if not key.startswith("_")}
+    assert {key for key in recorded if not key.startswith("_")} == public
+    assert not UNRECORDED_KEYS & set(recorded), "machine-specific context was recorded"
+
+
+def test_leaves_no_template_syntax(rendered):
+    _, project = rendered
+    assert leftover_template_syntax(project.path) == []
+
+
+def test_passes_ruff_check(rendered):
+    _, project = rendered
+    proc = ruff_check(project.path)
+    assert proc.returncode == 0, describe(proc)
+
+
+def test_passes_ruff_format_check(rendered):
+    _, project = rendered
+    proc = ruff_format_check(project.path)
+    assert proc.returncode == 0, describe(proc)
+
+
+def test_launch_sh_passes_bash_syntax_check_and_shellcheck(rendered):
+    _, project = rendered
+    script = project.path / "launch.sh"
+    for proc in (bash_syntax_check(script), shellcheck(script)):
+        assert proc.returncode == 0, describe(proc)
+        assert proc.stdout == proc.stderr == "", describe(proc)
+
+
+def test_launch_sh_is_executable(rendered):
+    _, project = rendered
+    script = project.path / "launch.sh"
+    assert os.access(script, os.X_OK)
+    assert script.read_text(encoding="utf-8").startswith("#!/usr/bin/env bash\n")
+
+
+def test_defaults_yaml_carries_backend_precision_and_device(rendered):
+    answers, project = rendered
+    defaults = yaml.safe_load((project.package_dir / "defaults.yaml").read_text(encoding="utf-8"))
+    assert defaults["distributed"]["backend"] == answers["backend"]
+    assert defaults["train"]["precision"] == answers["precision"]
+    expected_device = "cpu" if answers["gpus_per_node"] == "0" else "cuda"
+    assert defaults["distributed"]["device"] == expected_device
+    assert defaults["model"]["pretrained"] == DEFAULT_PRETRAINED[answers["model_type"]]
+
+
+def test_launch_sh_carries_gpus_per_node_and_num_nodes(rendered):
+    answers, project = rendered
+    text = (project.path / "launch.sh").read_text(encoding="utf-8")
+    # A shell assignment of the rendered value, e.g. `readonly RENDERED_GPUS_PER_NODE=8`.
+    gpus = re.findall(rf"{ASSIGNMENT}GPUS_PER_NODE\w*=\"?(\d+)\"?$", text, flags=re.MULTILINE)
+    nodes = re.findall(rf"{ASSIGNMENT}NUM_NODES\w*=\"?(\d+)\"?$", text, flags=re.MULTILINE)
+    assert gpus == [answers["gpus_per_node"]]
+    assert nodes == ["1"]
+    assert "-m ddp_fine_tuning " in text

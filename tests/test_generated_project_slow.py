@@ -1,0 +1,84 @@
+"""Slow: a rendered CPU project passes its own test suite, and its offline demo fine-tunes under torchrun.
+
+Nothing is installed: the project runs from its source tree with PYTHONPATH=src, and this interpreter's
+torchrun comes first on PATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from template_helpers import VENV_BIN, describe, run
+
+pytestmark = pytest.mark.slow
+
+CPU_ANSWERS = {"gpus_per_node": "0", "backend": "gloo", "precision": "fp32"}
+
+
+def project_env(project: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = str(project / "src")
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("model_type", ["text-classification", "custom"])
+def test_generated_project_passes_its_own_test_suite(bake_ok, model_type):
+    project = bake_ok(model_type=model_type, **CPU_ANSWERS)
+    test_file = project.path / "tests" / f"test_{model_type.replace('-', '_')}.py"
+    assert test_file.is_file(), f"the {model_type} project ships no {test_file.name}"
+
+    proc = run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"],
+        cwd=project.path,
+        env=project_env(project.path),
+        timeout=600,
+    )
+    assert proc.returncode == 0, describe(proc)
+    assert " passed" in proc.stdout, describe(proc)
+
+
+def test_text_classification_demo_fine_tunes_with_two_processes(bake_ok):
+    project = bake_ok(model_type="text-classification", **CPU_ANSWERS)
+    root, env = project.path, project_env(project.path)
+
+    demo = run([sys.executable, "-m", f"{project.package}.demo", "demo"], cwd=root, env=env, timeout=300)
+    assert demo.returncode == 0, describe(demo)
+    overrides = (root / "demo" / "overrides.txt").read_text(encoding="utf-8").split()
+    assert "output_dir=outputs/demo" in overrides
+
+    launch = run(
+        ["./launch.sh", *overrides, "train.epochs=1"],
+        cwd=root,
+        env=project_env(root, NPROC_PER_NODE="2"),
+        timeout=600,
+    )
+    assert launch.returncode == 0, describe(launch)
+
+    output_dir = root / "outputs" / "demo"
+    lines = (output_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [json.loads(line) for line in lines]
+    training = [r for r in records if "loss" in r]
+    evaluation = [r for r in records if "eval_loss" in r]
+    assert training, records
+    assert all({"step", "epoch", "loss"} <= r.keys() for r in training), training
+    assert [r["step"] for r in training] == sorted(r["step"] for r in training)
+    assert evaluation, records
+    assert all({"step", "eval_loss", "eval_accuracy"} <= r.keys() for r in evaluation), evaluation
+    assert all(0.0 <= r["eval_accuracy"] <= 1.0 for r in evaluation)
+
+    checkpoints = output_dir / "checkpoints"
+    assert sorted(checkpoints.glob("step-*.pt")), sorted(p.name for p in checkpoints.iterdir())
+    final = output_dir / "final"
+    assert (final / "model.safetensors").is_file()
+
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(final)
+    assert model.config.num_labels == 3  # the demo's positive / negative / neutral

@@ -20,6 +20,11 @@ MODEL_TYPE_FILES = {
         f"{PACKAGE}/demos/text_classification.py",
         "tests/test_text_classification.py",
     ],
+    "causal-lm": [
+        f"{PACKAGE}/tasks/causal_lm.py",
+        f"{PACKAGE}/demos/causal_lm.py",
+        "tests/test_causal_lm.py",
+    ],
     "custom": [
         f"{PACKAGE}/tasks/custom.py",
         f"{PACKAGE}/demos/custom.py",

@@ -23,8 +23,12 @@ SHELLCHECK = str(VENV_BIN / "shellcheck")
 GPUS_PER_NODE = ("0", "1", "8")
 BACKENDS = ("nccl", "gloo")
 PRECISIONS = ("bf16", "fp16", "fp32")
-MODEL_TYPES = ("text-classification", "custom")
-DEFAULT_PRETRAINED = {"text-classification": "distilbert/distilbert-base-uncased", "custom": ""}
+MODEL_TYPES = ("text-classification", "causal-lm", "custom")
+DEFAULT_PRETRAINED = {
+    "text-classification": "distilbert/distilbert-base-uncased",
+    "causal-lm": "openai-community/gpt2",
+    "custom": "",
+}
 # Context entries that describe the machine or cookiecutter itself; they must not be recorded.
 UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_extensions", "__prompts__"}
 
@@ -85,6 +89,11 @@ MODEL_TYPE_FILES = {
         "src/{pkg}/tasks/text_classification.py",
         "src/{pkg}/demos/text_classification.py",
         "tests/test_text_classification.py",
+    ],
+    "causal-lm": [
+        "src/{pkg}/tasks/causal_lm.py",
+        "src/{pkg}/demos/causal_lm.py",
+        "tests/test_causal_lm.py",
     ],
     "custom": [
         "src/{pkg}/tasks/custom.py",

@@ -31,6 +31,7 @@ INVALID_ANSWERS = [
     ({"package_name": "class"}, "package_name='class'"),
     ({"package_name": "my-package"}, "package_name='my-package'"),
     ({"model_type": "text-classification", "pretrained_model": ""}, "pretrained_model"),
+    ({"model_type": "causal-lm", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "text-classification", "pretrained_model": "  "}, "pretrained_model"),
 ]
 

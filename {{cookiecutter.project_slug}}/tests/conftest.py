@@ -16,7 +16,11 @@ from {{ cookiecutter.package_name }}.constants import MODEL_TYPE
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
 # The metric each model type reports besides eval_loss.
-METRIC = {"text-classification": "eval_accuracy", "custom": "eval_accuracy"}[MODEL_TYPE]
+METRIC = {
+    "text-classification": "eval_accuracy",
+    "causal-lm": "eval_perplexity",
+    "custom": "eval_accuracy",
+}[MODEL_TYPE]
 
 
 def launch_env(nproc: int, **extra: str) -> dict[str, str]:

@@ -25,6 +25,11 @@ MODEL_TYPE_FILES = {
         f"{PACKAGE}/demos/causal_lm.py",
         "tests/test_causal_lm.py",
     ],
+    "image-classification": [
+        f"{PACKAGE}/tasks/image_classification.py",
+        f"{PACKAGE}/demos/image_classification.py",
+        "tests/test_image_classification.py",
+    ],
     "custom": [
         f"{PACKAGE}/tasks/custom.py",
         f"{PACKAGE}/demos/custom.py",

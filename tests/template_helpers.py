@@ -23,10 +23,11 @@ SHELLCHECK = str(VENV_BIN / "shellcheck")
 GPUS_PER_NODE = ("0", "1", "8")
 BACKENDS = ("nccl", "gloo")
 PRECISIONS = ("bf16", "fp16", "fp32")
-MODEL_TYPES = ("text-classification", "causal-lm", "custom")
+MODEL_TYPES = ("text-classification", "causal-lm", "image-classification", "custom")
 DEFAULT_PRETRAINED = {
     "text-classification": "distilbert/distilbert-base-uncased",
     "causal-lm": "openai-community/gpt2",
+    "image-classification": "google/vit-base-patch16-224-in21k",
     "custom": "",
 }
 # Context entries that describe the machine or cookiecutter itself; they must not be recorded.
@@ -94,6 +95,11 @@ MODEL_TYPE_FILES = {
         "src/{pkg}/tasks/causal_lm.py",
         "src/{pkg}/demos/causal_lm.py",
         "tests/test_causal_lm.py",
+    ],
+    "image-classification": [
+        "src/{pkg}/tasks/image_classification.py",
+        "src/{pkg}/demos/image_classification.py",
+        "tests/test_image_classification.py",
     ],
     "custom": [
         "src/{pkg}/tasks/custom.py",

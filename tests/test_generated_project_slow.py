@@ -29,12 +29,18 @@ def project_env(project: Path, **extra: str) -> dict[str, str]:
 
 
 # How each model type's final/ is loaded by its users, and the metric it logs besides eval_loss.
-FINAL_LOADERS = {
-    "text-classification": "AutoModelForSequenceClassification",
-    "causal-lm": "AutoModelForCausalLM",
+FINAL_LOADERS = {  # (model class, preprocessing class) in transformers
+    "text-classification": ("AutoModelForSequenceClassification", "AutoTokenizer"),
+    "causal-lm": ("AutoModelForCausalLM", "AutoTokenizer"),
+    "image-classification": ("AutoModelForImageClassification", "AutoImageProcessor"),
     "custom": None,  # model.safetensors, loaded into the project's own Model
 }
-METRICS = {"text-classification": "eval_accuracy", "causal-lm": "eval_perplexity", "custom": "eval_loss"}
+METRICS = {
+    "text-classification": "eval_accuracy",
+    "causal-lm": "eval_perplexity",
+    "image-classification": "eval_accuracy",
+    "custom": "eval_loss",
+}
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
@@ -89,6 +95,7 @@ def test_demo_fine_tunes_with_two_processes_through_launch_sh(bake_ok, model_typ
     if FINAL_LOADERS[model_type]:
         import transformers
 
-        model = getattr(transformers, FINAL_LOADERS[model_type]).from_pretrained(final)
+        model_class, preprocessor_class = FINAL_LOADERS[model_type]
+        model = getattr(transformers, model_class).from_pretrained(final)
         assert model.num_parameters() > 0
-        transformers.AutoTokenizer.from_pretrained(final)
+        getattr(transformers, preprocessor_class).from_pretrained(final)

@@ -32,6 +32,7 @@ INVALID_ANSWERS = [
     ({"package_name": "my-package"}, "package_name='my-package'"),
     ({"model_type": "text-classification", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "causal-lm", "pretrained_model": ""}, "pretrained_model"),
+    ({"model_type": "image-classification", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "text-classification", "pretrained_model": "  "}, "pretrained_model"),
 ]
 

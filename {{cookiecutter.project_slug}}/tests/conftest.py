@@ -19,6 +19,7 @@ PACKAGE = "{{ cookiecutter.package_name }}"
 METRIC = {
     "text-classification": "eval_accuracy",
     "causal-lm": "eval_perplexity",
+    "image-classification": "eval_accuracy",
     "custom": "eval_accuracy",
 }[MODEL_TYPE]
 

@@ -55,6 +55,7 @@ class DataConfig:
     eval_batch_size: int = 32  # per process
     max_length: int = 256  # tokens per sample, capped by the model's own limit
     num_workers: int = 2  # DataLoader worker processes per training process
+    augment: bool = True  # image models only: random horizontal flips of the training images
 
     def __post_init__(self) -> None:
         _require(self.batch_size >= 1, "data.batch_size", "must be >= 1")

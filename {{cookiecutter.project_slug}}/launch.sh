@@ -95,4 +95,33 @@ fi
 # process group is formed.
 python -m {{ cookiecutter.package_name }} --check "$@"
 
-exec torchrun "${args[@]}" -m {{ cookiecutter.package_name }} "$@"
+# Preemption: SIGTERM (a cancelled job, an eviction) and SIGUSR1 (SLURM's warning before the time limit)
+# go to the training processes, which finish their step, agree, save one checkpoint and exit. This script
+# then exits with PREEMPTED_EXIT_CODE, so a scheduler can requeue; the same command resumes.
+readonly PREEMPTED_EXIT_CODE=75
+preempted=""
+torchrun "${args[@]}" -m {{ cookiecutter.package_name }} "$@" &
+torchrun_pid=$!
+
+# shellcheck disable=SC2329 # invoked by the traps below
+forward() {
+    preempted="$1"
+    local workers
+    workers="$(cat "/proc/$torchrun_pid/task/$torchrun_pid/children" 2>/dev/null || pgrep -P "$torchrun_pid" || true)"
+    for pid in $workers; do
+        kill "-$1" "$pid" 2>/dev/null || true
+    done
+}
+trap 'forward TERM' TERM
+trap 'forward USR1' USR1
+
+status=0
+while :; do
+    wait "$torchrun_pid" && status=0 || status=$?
+    kill -0 "$torchrun_pid" 2>/dev/null || break # a trapped signal interrupted the wait; keep waiting
+done
+if [[ -n "$preempted" && "$status" == 0 ]]; then
+    echo "launch.sh: stopped by SIG$preempted after a checkpoint; run the same command to resume" >&2
+    exit "$PREEMPTED_EXIT_CODE"
+fi
+exit "$status"

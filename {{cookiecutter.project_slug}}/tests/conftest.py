@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.constants import MODEL_TYPE
 
@@ -47,6 +51,55 @@ def run_launch(
     )
 
 
+def start_launch(args: list[str], nproc: int = 2, **env: str) -> subprocess.Popen:
+    """``launch.sh`` in the background, in its own session so a test can signal the whole job."""
+    return subprocess.Popen(
+        [str(PROJECT / "launch.sh"), *args],
+        env=launch_env(nproc, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:  # already gone
+        return []
+
+
+def workers_of(launch: subprocess.Popen) -> list[int]:
+    """The training processes: launch.sh -> torchrun -> workers."""
+    return [worker for torchrun in children(launch.pid) for worker in children(torchrun)]
+
+
+def wait_for_checkpoint(output_dir: Path, launch: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not list((output_dir / "checkpoints").glob("step-*.pt")):
+        assert launch.poll() is None, f"the run ended early: {launch.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.01)
+
+
+def signal_all(pids: list[int], number: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, number)
+
+
+def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(output_dir / "final" / "model.safetensors")
+
+
+def assert_same_weights(expected: Path, actual: Path) -> None:
+    reference, result = final_weights(expected), final_weights(actual)
+    assert reference.keys() == result.keys()
+    for name in reference:
+        assert torch.equal(reference[name], result[name]), f"{name} differs"
+
+
 def read_metrics(output_dir: Path) -> list[dict]:
     lines = (output_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines]
@@ -69,5 +122,18 @@ def trained(demo: tuple[Path, list[str]], tmp_path_factory: pytest.TempPathFacto
     result = run_launch(
         [*overrides, f"output_dir={output_dir}", "train.epochs=2", "checkpoint.every_steps=5"]
     )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return output_dir
+
+
+# Runs that fault tests interrupt: long enough to be stopped mid-way, fp32 so results compare bitwise.
+FAULT_RUN = ["train.precision=fp32", "train.epochs=2", "checkpoint.every_steps=4"]
+
+
+@pytest.fixture(scope="session")
+def reference(demo: tuple[Path, list[str]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted run that interrupted runs must reproduce bit for bit."""
+    output_dir = tmp_path_factory.mktemp("reference")
+    result = run_launch([*demo[1], *FAULT_RUN, f"output_dir={output_dir}"])
     assert result.returncode == 0, result.stderr[-4000:]
     return output_dir

@@ -12,7 +12,7 @@ import torch
 from conftest import read_metrics
 
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.data import DataError, ShardSampler
+from {{ cookiecutter.package_name }}.data import DataError, EvalBatches
 from {{ cookiecutter.package_name }}.distributed import DistEnv
 from {{ cookiecutter.package_name }}.tasks import causal_lm as task
 
@@ -92,8 +92,9 @@ def test_evaluation_scores_every_validation_token_once(demo, tmp_path: Path, wor
     total = 0.0
     for rank in range(world_size):
         env = DistEnv(rank=rank, local_rank=rank, world_size=world_size, device=torch.device("cpu"))
-        for index in ShardSampler(len(data.val), env):
-            total += task.evaluation_sums(model, data.collate([data.val[index]]))["count"].item()
+        for indices in EvalBatches(len(data.val), 3, env):
+            batch = data.collate([data.val[index] for index in indices])
+            total += task.evaluation_sums(model, batch)["count"].item()
     val_tokens = sum(len(block) for block in data.val) - (len(data.val) - 1)  # blocks overlap by one
     assert total == val_tokens - 1  # every token but the very first is predicted
 

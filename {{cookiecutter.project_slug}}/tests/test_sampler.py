@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.data import (
+    EvalBatches,
     ResumableDistributedSampler,
-    ShardSampler,
 )
 from {{ cookiecutter.package_name }}.distributed import DistEnv
 
@@ -63,7 +63,15 @@ def test_start_at_skips_what_the_job_consumed() -> None:
         assert len(sampler) == 14
 
 
-@pytest.mark.parametrize(("size", "world_size"), [(101, 2), (101, 3), (2, 3), (0, 2)])
-def test_evaluation_shards_hold_every_sample_exactly_once(size: int, world_size: int) -> None:
-    seen = sorted(i for rank in range(world_size) for i in ShardSampler(size, _env(rank, world_size)))
-    assert seen == list(range(size))
+@pytest.mark.parametrize(("size", "world_size"), [(101, 2), (101, 3), (2, 3), (0, 2), (7, 1)])
+def test_evaluation_batches_hold_every_sample_once_in_world_size_independent_batches(
+    size: int, world_size: int
+) -> None:
+    dealt = {}
+    for rank in range(world_size):
+        batches = EvalBatches(size, batch_size=4, env=_env(rank, world_size))
+        assert all(batch_id % world_size == rank for batch_id in batches.batch_ids)
+        dealt.update(zip(batches.batch_ids, batches, strict=True))
+    single = EvalBatches(size, batch_size=4, env=_env(0, 1))
+    assert [dealt[j] for j in sorted(dealt)] == list(single)  # the same batches, whatever the world size
+    assert sorted(i for batch in dealt.values() for i in batch) == list(range(size))

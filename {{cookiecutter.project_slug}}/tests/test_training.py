@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import METRIC, PROJECT, launch_env, read_metrics, run_launch
+from conftest import METRIC, read_metrics, run_launch
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -57,43 +54,6 @@ def test_only_rank_zero_writes(trained: Path) -> None:
     # Had rank 1 written too, every record would appear twice.
     steps = [(r["step"], "eval_loss" in r) for r in read_metrics(trained)]
     assert len(steps) == len(set(steps))
-
-
-def _final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(output_dir / "final" / "model.safetensors")
-
-
-def test_killed_run_resumes_to_the_same_weights(demo: tuple[Path, list[str]], tmp_path: Path) -> None:
-    _, overrides = demo
-    common = [*overrides, "train.precision=fp32", "train.epochs=2", "checkpoint.every_steps=4"]
-    reference = tmp_path / "uninterrupted"
-    assert run_launch([*common, f"output_dir={reference}"]).returncode == 0
-
-    interrupted = tmp_path / "interrupted"
-    command = [str(PROJECT / "launch.sh"), *common, f"output_dir={interrupted}"]
-    process = subprocess.Popen(
-        command,
-        env=launch_env(2),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 240
-    while not list((interrupted / "checkpoints").glob("step-*.pt")) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)  # the whole job, as a lost node or an OOM kill would
-    process.wait()
-    assert not (interrupted / "final").exists(), "the run finished before it could be interrupted"
-
-    resumed = run_launch([*common, f"output_dir={interrupted}"])
-    assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert "resumed from" in resumed.stderr
-    steps = [r["step"] for r in read_metrics(interrupted) if "loss" in r]
-    assert steps == sorted(set(steps)), "records of the killed run were duplicated"
-    expected, actual = _final_weights(reference), _final_weights(interrupted)
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), f"{name} differs after resume"
 
 
 def test_config_error_ends_launch_in_one_line(tmp_path: Path) -> None:

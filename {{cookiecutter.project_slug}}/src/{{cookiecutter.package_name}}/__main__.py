@@ -6,13 +6,19 @@ in seconds with one line naming the key, instead of after a rendezvous.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
+
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
 from .data import DataError
-from .distributed import distributed
-from .metrics import setup_logging
+from .distributed import distributed, launched_by_torchrun
+from .metrics import log, setup_logging
+from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
 from .tasks import load_task
 from .trainer import Trainer
 
@@ -25,6 +31,21 @@ for more than one process.
   --check   validate the configuration and data paths, then exit (0 when the run can start)"""
 
 
+# A rank other than 0 waits this long before reporting an error: when every rank fails alike (a
+# checkpoint that does not fit), torchrun stops it meanwhile and the job shows the error once.
+ERROR_GRACE_S = 3.0
+
+
+def report_error(message: str) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    if rank != 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # let torchrun's stop end this rank at once
+        time.sleep(ERROR_GRACE_S)
+        message = f"[rank {rank}] {message}"
+    print(message, file=sys.stderr, flush=True)
+
+
+@record  # under torchrun, an unexpected exception's traceback is reported once, as the root cause
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if any(arg in ("-h", "--help") for arg in args):
@@ -37,12 +58,16 @@ def main(argv: list[str] | None = None) -> int:
         task.check_config(config)
         if check_only:
             return 0
+        preemption = PreemptionWatch()
         with distributed(config.distributed) as env:
             setup_logging(env)
-            Trainer(config, task, env).fit()
+            Trainer(config, task, env, preemption).fit()
     except (ConfigError, DataError, CheckpointError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        report_error(f"error: {error}")
         return 1
+    except Preempted as stop:
+        log.info(f"preempted: {stop}; run the same command again to resume")
+        return 0 if launched_by_torchrun() else PREEMPTED_EXIT_CODE
     return 0
 
 

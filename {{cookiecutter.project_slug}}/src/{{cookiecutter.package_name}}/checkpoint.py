@@ -66,6 +66,8 @@ class Checkpointer:
             "rng": rng_states,
         }
         self.directory.mkdir(parents=True, exist_ok=True)
+        for torn in self.directory.glob(".step-*.partial"):  # left by a run killed mid-write
+            torn.unlink(missing_ok=True)
         final = self.directory / f"step-{state.step:08d}.pt"
         partial = self.directory / f".{final.name}.partial"
         with partial.open("wb") as handle:

@@ -63,42 +63,39 @@ class ResumableDistributedSampler(DistributedSampler):
         return self.num_samples - self.skip
 
 
-class ShardSampler(Sampler[int]):
-    """Every index exactly once across ranks, with no padding: exact distributed evaluation."""
+class EvalBatches(Sampler[list[int]]):
+    """Evaluation batches fixed globally and dealt round-robin: batch j holds samples [jB, (j+1)B) and
+    goes to rank j % world size.
 
-    def __init__(self, size: int, env: DistEnv) -> None:
-        self.indices = range(env.rank, size, env.world_size)
+    Every validation sample is evaluated exactly once (no padding duplicates), and always in the same
+    batch whatever the world size, so per-batch sums are bitwise the same for 1, 2 or 64 processes.
+    """
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices)
+    def __init__(self, size: int, batch_size: int, env: DistEnv) -> None:
+        self.total_batches = math.ceil(size / batch_size)
+        self.batch_ids = list(range(env.rank, self.total_batches, env.world_size))
+        self.batches = [list(range(j * batch_size, min((j + 1) * batch_size, size))) for j in self.batch_ids]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
 
     def __len__(self) -> int:
-        return len(self.indices)
+        return len(self.batches)
 
 
 def make_loader(
-    dataset: Dataset,
-    sampler: Sampler[int],
-    batch_size: int,
-    data: TaskData,
-    config: Config,
-    env: DistEnv,
+    dataset: Dataset, data: TaskData, config: Config, env: DistEnv, **batching: Any
 ) -> DataLoader:
+    """A DataLoader with the project's workers and collate; ``batching`` picks the sampler and batch size."""
     workers = config.data.num_workers
     return DataLoader(
         dataset,
-        batch_size=batch_size,
-        sampler=sampler,
         collate_fn=data.collate,
         num_workers=workers,
         pin_memory=env.device.type == "cuda",
-        persistent_workers=False,
         multiprocessing_context="fork" if workers and os.name == "posix" else None,
+        **batching,
     )
-
-
-def batches_per_epoch(samples: int, batch_size: int) -> int:
-    return math.ceil(samples / batch_size)
 
 
 def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:

@@ -18,6 +18,10 @@ import torch.distributed as dist
 
 from .config import Backend, ConfigError, Device, DistributedConfig
 
+# A gloo group for small control messages (preemption flags) when the main backend is nccl, so they
+# never wait for the GPU stream; None means the default group serves.
+_cpu_group: dist.ProcessGroup | None = None
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -78,6 +82,8 @@ def distributed(config: DistributedConfig) -> Iterator[DistEnv]:
             timeout=timedelta(seconds=config.timeout_s),
             device_id=device if device.type == "cuda" else None,
         )
+        global _cpu_group
+        _cpu_group = dist.new_group(backend="gloo") if config.backend is not Backend.gloo else None
     try:
         yield DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
     finally:
@@ -112,6 +118,13 @@ def main_process_first(env: DistEnv) -> Iterator[None]:
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_reduce_max_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    """Element-wise max across ranks of a CPU tensor."""
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_cpu_group)
     return tensor
 
 

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from .config import Precision
-from .data import to_device
+from .data import EvalBatches, to_device
 from .distributed import DistEnv, all_reduce_sum
 from .model import unwrap
 from .precision import autocast
@@ -19,17 +19,22 @@ from .precision import autocast
 def evaluate(
     model: nn.Module, loader: DataLoader, task: ModuleType, env: DistEnv, precision: Precision
 ) -> dict[str, float]:
-    # The bare module: ranks may hold different numbers of batches, and DDP's forward would try to sync.
+    """Metrics over every validation sample, bitwise the same for any number of processes."""
+    # The bare module: ranks hold different numbers of batches, and DDP's forward would try to sync.
     module = unwrap(model)
     was_training = module.training
     module.eval()
+    batches: EvalBatches = loader.batch_sampler
     keys = task.EVALUATION_SUMS
-    # Zeros first: a rank whose shard is empty still joins the reduction with the same shape.
-    totals = torch.zeros(len(keys), dtype=torch.float64, device=env.device)
-    for batch in loader:
+    # One row per global batch, filled only by the rank that owns it. The all-reduce then adds zeros to
+    # each value, which is exact, and every rank sums the rows in the same order: no dependence on the
+    # world size or the reduction order.
+    rows = torch.zeros(batches.total_batches, len(keys), dtype=torch.float64, device=env.device)
+    for batch_id, batch in zip(batches.batch_ids, loader, strict=True):
         with autocast(precision, env.device):
             sums = task.evaluation_sums(module, to_device(batch, env.device))
-        totals += torch.stack([sums[key].double() for key in keys])
+        rows[batch_id] = torch.stack([sums[key].double() for key in keys])
     module.train(was_training)
-    all_reduce_sum(totals)
+    all_reduce_sum(rows)
+    totals = rows.sum(dim=0)
     return task.evaluation_metrics(dict(zip(keys, totals.tolist(), strict=True)))

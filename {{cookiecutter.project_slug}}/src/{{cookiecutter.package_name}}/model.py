@@ -41,3 +41,12 @@ def skip_gradient_sync(model: nn.Module, skip: bool) -> AbstractContextManager:
     if skip and isinstance(model, DistributedDataParallel):
         return model.no_sync()
     return nullcontext()
+
+
+def parameter_checksums(model: nn.Module) -> list[tuple[str, float, float]]:
+    """(name, sum, sum of squares) of every parameter in float64: equal lists mean equal replicas."""
+    checksums = []
+    for name, parameter in unwrap(model).named_parameters():
+        values = parameter.detach().double()
+        checksums.append((name, values.sum().item(), values.square().sum().item()))
+    return checksums

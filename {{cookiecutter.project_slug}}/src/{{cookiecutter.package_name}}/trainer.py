@@ -16,19 +16,23 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .checkpoint import Checkpointer, TrainState
 from .config import Config
-from .data import ResumableDistributedSampler, ShardSampler, make_loader, to_device
-from .distributed import DistEnv, all_reduce_sum, barrier, main_process_first
+from .data import EvalBatches, ResumableDistributedSampler, make_loader, to_device
+from .distributed import DistEnv, all_reduce_sum, barrier, gather_objects, main_process_first
 from .evaluation import evaluate
 from .metrics import MetricsWriter, log
-from .model import skip_gradient_sync, unwrap, wrap_ddp
+from .model import parameter_checksums, skip_gradient_sync, unwrap, wrap_ddp
 from .optim import build_optimizer, build_scheduler
 from .precision import autocast, grad_scaler
+from .preemption import Preempted, PreemptionWatch
 from .rng import seed_everything
 
 
 class Trainer:
-    def __init__(self, config: Config, task: ModuleType, env: DistEnv) -> None:
+    def __init__(
+        self, config: Config, task: ModuleType, env: DistEnv, preemption: PreemptionWatch | None = None
+    ) -> None:
         self.config, self.task, self.env = config, task, env
+        self.preemption = preemption or PreemptionWatch()
         self.output_dir = Path(config.output_dir)
         self.metrics = MetricsWriter(self.output_dir, env)
         if env.is_main:
@@ -44,14 +48,12 @@ class Trainer:
         train = config.train
         self.sampler = ResumableDistributedSampler(self.data.train, env, config.seed)
         self.train_loader = make_loader(
-            self.data.train, self.sampler, config.data.batch_size, self.data, config, env
+            self.data.train, self.data, config, env, sampler=self.sampler, batch_size=config.data.batch_size
         )
         self.val_loader = None
         if self.data.val is not None:
-            shard = ShardSampler(len(self.data.val), env)
-            self.val_loader = make_loader(
-                self.data.val, shard, config.data.eval_batch_size, self.data, config, env
-            )
+            batches = EvalBatches(len(self.data.val), config.data.eval_batch_size, env)
+            self.val_loader = make_loader(self.data.val, self.data, config, env, batch_sampler=batches)
         batches = math.ceil(self.sampler.num_samples / config.data.batch_size)
         self.steps_per_epoch = math.ceil(batches / train.grad_accum_steps)
         self.total_steps = self.steps_per_epoch * train.epochs
@@ -89,6 +91,7 @@ class Trainer:
                 self.run_epoch(bar)
         if self.val_loader is not None and self.last_eval.get("step") != self.state.step:
             self.evaluate()
+        self.verify_replicas()
         self.save_final()
         return self.last_eval
 
@@ -96,32 +99,41 @@ class Trainer:
         return self.state.step >= self.total_steps or self.state.epoch >= self.config.train.epochs
 
     def run_epoch(self, bar: tqdm) -> None:
-        state = self.state
+        state, batch_size = self.state, self.config.data.batch_size
         self.sampler.set_epoch(state.epoch)
         self.sampler.start_at(state.epoch_samples)
         self.train_loader.generator = torch.Generator().manual_seed(self.config.seed + state.epoch)
         batches = iter(self.train_loader)
-        remaining = len(self.train_loader)
+        remaining_samples = len(self.sampler)  # this rank's, equal on every rank
         self.model.train()
-        while remaining and state.step < self.total_steps:
-            window = min(self.config.train.grad_accum_steps, remaining)
-            loss, samples = self.optimizer_step(batches, window)
-            remaining -= window
+        while remaining_samples and state.step < self.total_steps:
+            window_samples = min(self.config.train.grad_accum_steps * batch_size, remaining_samples)
+            loss = self.optimizer_step(batches, window_samples)
+            remaining_samples -= window_samples
             state.step += 1
-            state.epoch_samples += samples * self.env.world_size
+            state.epoch_samples += window_samples * self.env.world_size
             bar.update(1)
-            self.after_step(loss, epoch_done=remaining == 0)
+            self.after_step(loss, epoch_done=remaining_samples == 0)
+            if self.preemption.agreed():
+                self.checkpointer.save(state, self.model, self.optimizer, self.scheduler, self.scaler)
+                raise Preempted(self.preemption.signal_name(), state.step)
 
-    def optimizer_step(self, batches: Iterator, window: int) -> tuple[torch.Tensor, int]:
-        """One optimizer step over ``window`` micro-batches; gradients sync only on the last one."""
-        train, total_loss, samples = self.config.train, torch.zeros((), device=self.env.device), 0
-        for micro_step in range(window):
+    def optimizer_step(self, batches: Iterator, window_samples: int) -> torch.Tensor:
+        """One optimizer step over the micro-batches holding ``window_samples`` samples.
+
+        Each micro-batch's mean loss is weighted by its share of the window's samples, so the gradient is
+        that of the mean over the whole window, also when the epoch's last micro-batch is smaller.
+        Gradients are all-reduced once, on the last micro-batch.
+        """
+        train, total_loss, done = self.config.train, torch.zeros((), device=self.env.device), 0
+        while done < window_samples:
             batch = to_device(next(batches), self.env.device)
-            samples += len(next(iter(batch.values())))
-            with skip_gradient_sync(self.model, micro_step < window - 1):
+            samples = len(next(iter(batch.values())))
+            done += samples
+            with skip_gradient_sync(self.model, done < window_samples):
                 with autocast(train.precision, self.env.device):
-                    loss = self.task.training_loss(self.model, batch)
-                self.scaler.scale(loss / window).backward()
+                    loss = self.task.training_loss(self.model, batch) * (samples / window_samples)
+                self.scaler.scale(loss).backward()
             total_loss += loss.detach().float()
         if train.max_grad_norm:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
@@ -130,7 +142,7 @@ class Trainer:
         self.scaler.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return total_loss / window, samples
+        return total_loss
 
     def after_step(self, loss: torch.Tensor, epoch_done: bool) -> None:
         state, train = self.state, self.config.train
@@ -160,6 +172,15 @@ class Trainer:
         results = evaluate(self.model, self.val_loader, self.task, self.env, self.config.train.precision)
         self.last_eval = {"step": self.state.step, "epoch": self.epoch_progress(), **results}
         self.metrics.write(self.last_eval)
+
+    def verify_replicas(self) -> None:
+        """DDP keeps replicas identical by construction; prove it before saving one of them."""
+        checksums = gather_objects(parameter_checksums(self.model), self.env)
+        for rank, theirs in enumerate(checksums):
+            differing = [mine[0] for mine, other in zip(checksums[0], theirs, strict=True) if mine != other]
+            if differing:
+                raise RuntimeError(f"rank {rank} holds different values of {differing[0]} than rank 0")
+        log.info(f"parameters identical on all {self.env.world_size} rank(s)")
 
     def save_final(self) -> None:
         """``final/``: the fine-tuned model alone, replaced as a whole so it is never half-written."""

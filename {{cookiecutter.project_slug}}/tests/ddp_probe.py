@@ -1,0 +1,73 @@
+"""Measurements that need real process groups; started by the tests with torchrun, never by users.
+
+    torchrun --standalone --nproc-per-node=N tests/ddp_probe.py MODE RESULT.json key=value ...
+
+``evaluate``: metrics of the untrained model, to compare across world sizes.
+``sync``: all-reduce calls per optimizer step under gradient accumulation, and the replica check.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.distributed import distributed
+from {{ cookiecutter.package_name }}.model import unwrap
+from {{ cookiecutter.package_name }}.tasks import load_task
+from {{ cookiecutter.package_name }}.trainer import Trainer
+
+
+def evaluate(trainer: Trainer) -> dict:
+    trainer.evaluate()
+    return trainer.last_eval
+
+
+def sync(trainer: Trainer) -> dict:
+    calls = [0]
+
+    def counting_hook(state, bucket):  # DDP checks real annotations; this module's are strings
+        calls[0] += 1
+        return allreduce_hook(None, bucket)
+
+    trainer.model.register_comm_hook(state=None, hook=counting_hook)
+    batch_size, accumulation = trainer.config.data.batch_size, trainer.config.train.grad_accum_steps
+    batches = iter(trainer.train_loader)
+    trainer.optimizer_step(batches, batch_size)  # one micro-batch: all-reduces of one step = buckets
+    buckets = calls[0]
+    steps = 3
+    for _ in range(steps):
+        trainer.optimizer_step(batches, accumulation * batch_size)
+    trainer.verify_replicas()  # raises if the ranks differ
+    if trainer.env.rank == 1:  # now make them differ on purpose: the check must notice
+        with torch.no_grad():
+            next(unwrap(trainer.model).parameters()).add_(1.0)
+    try:
+        trainer.verify_replicas()
+        divergence_detected = False
+    except RuntimeError:
+        divergence_detected = True
+    return {
+        "buckets": buckets,
+        "steps": steps,
+        "calls": calls[0] - buckets,
+        "divergence_detected": divergence_detected,
+    }
+
+
+def main() -> None:
+    mode, result_file, *overrides = sys.argv[1:]
+    config = load_config(overrides)
+    with distributed(config.distributed) as env:
+        trainer = Trainer(config, load_task(), env)
+        result = {"evaluate": evaluate, "sync": sync}[mode](trainer)
+        if env.is_main:
+            Path(result_file).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

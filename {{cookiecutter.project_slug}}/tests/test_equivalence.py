@@ -1,0 +1,87 @@
+"""DDP computes what one large process would: same samples, same weights, same metrics, one all-reduce
+per optimizer step. Runs real torchrun with 1, 2 and 3 gloo processes on CPU, in fp32."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import PROJECT, final_weights, launch_env, run_launch
+
+pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
+
+
+def probe(mode: str, nproc: int, result: Path, overrides: list[str]) -> dict:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        str(PROJECT / "tests" / "ddp_probe.py"), mode, str(result), *overrides,
+    ]  # fmt: skip
+    done = subprocess.run(command, env=launch_env(nproc), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(result.read_text())
+
+
+def without_dropout(model_dir: Path, copy: Path) -> Path:
+    """The demo checkpoint with every dropout rate at 0: runs then differ only by the arithmetic."""
+    shutil.copytree(model_dir, copy)
+    config_file = copy / "config.json"
+    config = json.loads(config_file.read_text())
+    for key, value in config.items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+            config[key] = 0.0
+    config_file.write_text(json.dumps(config))
+    return copy
+
+
+@pytest.fixture
+def deterministic(demo, tmp_path: Path) -> list[str]:
+    directory, overrides = demo
+    model = without_dropout(directory / "model", tmp_path / "model")
+    kept = [item for item in overrides if not item.startswith(("model.pretrained=", "data.batch_size="))]
+    return [*kept, f"model.pretrained={model}", "train.precision=fp32", "data.augment=false"]
+
+
+def test_evaluation_is_identical_for_1_2_and_3_processes(deterministic, tmp_path: Path) -> None:
+    overrides = [*deterministic, "data.batch_size=8", "data.eval_batch_size=7"]
+    results = [
+        probe("evaluate", n, tmp_path / f"eval{n}.json", [*overrides, f"output_dir={tmp_path / f'o{n}'}"])
+        for n in (1, 2, 3)
+    ]
+    assert results[0] == results[1] == results[2]  # bitwise: the same floats, not merely close
+
+
+def test_one_all_reduce_per_optimizer_step_and_identical_replicas(deterministic, tmp_path: Path) -> None:
+    overrides = [*deterministic, "data.batch_size=4", "train.grad_accum_steps=4", f"output_dir={tmp_path}"]
+    result = probe("sync", 2, tmp_path / "sync.json", overrides)
+    assert result["buckets"] >= 1
+    assert result["calls"] == result["steps"] * result["buckets"]  # no all-reduce on no_sync micro-steps
+    assert result["divergence_detected"]
+
+
+def test_world_size_and_accumulation_do_not_change_the_weights(deterministic, tmp_path: Path) -> None:
+    runs = {  # name: (processes, per-process batch, accumulation); the global batch is 32 in each
+        "one_process": (1, 32, 1),
+        "two_processes": (2, 16, 1),
+        "two_processes_accumulating": (2, 8, 2),
+    }
+    for name, (nproc, batch, accumulation) in runs.items():
+        result = run_launch(
+            [
+                *deterministic,
+                "train.epochs=1",
+                f"data.batch_size={batch}",
+                f"train.grad_accum_steps={accumulation}",
+                f"output_dir={tmp_path / name}",
+            ],
+            nproc=nproc,
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+    reference = final_weights(tmp_path / "one_process")
+    for name in ("two_processes", "two_processes_accumulating"):
+        weights = final_weights(tmp_path / name)
+        worst = max((weights[key] - reference[key]).abs().max().item() for key in reference)
+        assert worst <= 1e-5, f"{name}: max |difference| {worst:.2e}"

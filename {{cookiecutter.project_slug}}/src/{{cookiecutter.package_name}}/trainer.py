@@ -52,10 +52,11 @@ class Trainer:
         )
         self.val_loader = None
         if self.data.val is not None:
-            batches = EvalBatches(len(self.data.val), config.data.eval_batch_size, env)
-            self.val_loader = make_loader(self.data.val, self.data, config, env, batch_sampler=batches)
-        batches = math.ceil(self.sampler.num_samples / config.data.batch_size)
-        self.steps_per_epoch = math.ceil(batches / train.grad_accum_steps)
+            eval_batches = EvalBatches(len(self.data.val), config.data.eval_batch_size, env)
+            self.val_loader = make_loader(self.data.val, self.data, config, env, batch_sampler=eval_batches)
+        self.steps_per_epoch = math.ceil(
+            self.sampler.num_samples / (config.data.batch_size * train.grad_accum_steps)
+        )
         self.total_steps = self.steps_per_epoch * train.epochs
         if train.max_steps:
             self.total_steps = min(self.total_steps, train.max_steps)

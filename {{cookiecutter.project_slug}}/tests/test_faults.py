@@ -71,6 +71,16 @@ def test_preempted_job_checkpoints_exits_75_and_resumes(demo, reference, tmp_pat
     assert_same_weights(reference, tmp_path)
 
 
+def test_elastic_restart_after_a_worker_dies(demo, reference: Path, tmp_path: Path) -> None:
+    launch, workers = _interrupted_run(demo, tmp_path, MAX_RESTARTS="1")
+    signal_all(workers[1:], signal.SIGKILL)  # one rank dies; torchrun restarts the whole group
+    signal_all(workers[:1], signal.SIGCONT)
+    _, stderr = launch.communicate(timeout=300)
+    assert launch.returncode == 0, stderr[-4000:]
+    assert "resumed from" in stderr
+    assert_same_weights(reference, tmp_path)
+
+
 def test_without_restarts_a_dead_worker_ends_the_job_at_once(demo, tmp_path: Path) -> None:
     launch, workers = _interrupted_run(demo, tmp_path, MAX_RESTARTS="0")
     signal_all(workers[1:], signal.SIGKILL)

@@ -77,10 +77,12 @@ def distributed(config: DistributedConfig) -> Iterator[DistEnv]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if launched_by_torchrun():
+        timeout = timedelta(seconds=config.timeout_s)
         dist.init_process_group(
             backend=config.backend.value,
-            timeout=timedelta(seconds=config.timeout_s),
+            timeout=timeout,
             device_id=device if device.type == "cuda" else None,
+            **_store_for_this_attempt(rank, world_size, timeout),
         )
         global _cpu_group
         _cpu_group = dist.new_group(backend="gloo") if config.backend is not Backend.gloo else None
@@ -89,6 +91,25 @@ def distributed(config: DistributedConfig) -> Iterator[DistEnv]:
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _store_for_this_attempt(rank: int, world_size: int, timeout: timedelta) -> dict[str, Any]:
+    """Rendezvous keys of this restart attempt only.
+
+    torchrun keeps its store across elastic restarts, so without a prefix a restarted rank can read the
+    address a dead rank published in the failed attempt, and its connection then times out.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}  # another launcher (or none): the default env:// rendezvous
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=False,
+        timeout=timeout,
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"attempt-{attempt}", store), "rank": rank, "world_size": world_size}
 
 
 def is_distributed() -> bool:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import read_metrics
+from conftest import read_metrics, run_launch
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import DataError, EvalBatches
@@ -128,3 +128,13 @@ def test_final_model_loads_with_auto_classes_and_perplexity_falls(trained: Path)
     assert all(math.isfinite(r["eval_perplexity"]) for r in evals)
     assert evals[-1]["eval_perplexity"] == pytest.approx(math.exp(evals[-1]["eval_loss"]))
     assert evals[-1]["eval_perplexity"] < evals[0]["eval_perplexity"] < len(tokenizer)
+
+
+@pytest.mark.slow
+def test_a_corrupt_line_ends_launch_in_one_line_naming_it(demo, tmp_path: Path) -> None:
+    bad = _write(tmp_path / "bad.jsonl", ['{"text": "fine"}'] * 30 + ['{"text": "cut sho'])
+    result = run_launch([*demo[1], f"data.train_file={bad}", f"output_dir={tmp_path / 'out'}"])
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {bad}:31: not valid JSON"), errors
+    assert not (tmp_path / "out" / "checkpoints").exists()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import METRIC, read_metrics
+from conftest import METRIC, read_metrics, run_launch
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import DataError
@@ -102,3 +102,13 @@ def test_final_model_loads_with_auto_classes_and_keeps_label_names(trained: Path
         logits = model(**tokenizer(["The film was great!"], return_tensors="pt")).logits
     assert logits.shape == (1, 3)
     assert read_metrics(trained)[-1][METRIC] > 0.5  # the demo is learnable
+
+
+@pytest.mark.slow
+def test_a_corrupt_line_ends_launch_in_one_line_naming_it(demo, tmp_path: Path) -> None:
+    bad = _write(tmp_path / "bad.jsonl", ['{"text": "fine", "label": "a"}'] * 30 + ['{"text": "cut sho'])
+    result = run_launch([*demo[1], f"data.train_file={bad}", f"output_dir={tmp_path / 'out'}"])
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {bad}:31: not valid JSON"), errors
+    assert not (tmp_path / "out" / "checkpoints").exists()

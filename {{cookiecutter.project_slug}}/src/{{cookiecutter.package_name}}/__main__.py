@@ -16,7 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from .checkpoint import CheckpointError
 from .config import ConfigError, load_config
 from .data import DataError
-from .distributed import distributed, launched_by_torchrun
+from .distributed import distributed, launched_by_torchrun, resolve_device
 from .metrics import log, setup_logging
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
 from .tasks import load_task
@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         task = load_task()
         task.check_config(config)
         if check_only:
+            resolve_device(config.distributed, local_rank=0)  # e.g. CUDA asked for on a CPU machine
             return 0
         preemption = PreemptionWatch()
         with distributed(config.distributed) as env:

@@ -12,8 +12,8 @@ from pathlib import Path
 ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 PACKAGE = f"src/{ANSWERS['package_name']}"
 
-# The one table of optional files: each model type owns whole files (task, demo builder, tests), and the
-# files of the types not chosen are removed. The shared core is never listed here.
+# The tables of optional files; the shared core is never listed. Each model type owns whole files (task,
+# demo builder, tests), and the files of the types not chosen are removed.
 MODEL_TYPE_FILES = {
     "text-classification": [
         f"{PACKAGE}/tasks/text_classification.py",
@@ -36,20 +36,27 @@ MODEL_TYPE_FILES = {
         "tests/test_custom.py",
     ],
 }
+# Each cluster answer owns whole files (folders included), removed when the answer is no.
+CLUSTER_FILES = {
+    "slurm": ["slurm", "tests/test_slurm.py"],
+    "kubernetes": ["k8s", "Dockerfile", ".dockerignore", "tests/test_kubernetes.py"],
+}
 # Context entries of cookiecutter's own or of this render's output location, not answers. `_template`
 # stays: it is where the project came from (a gh: URL or a path), which re-rendering needs.
 UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_extensions", "__prompts__"}
-EXECUTABLES = ["launch.sh"]
+EXECUTABLES = ["launch.sh", "slurm/train.sbatch"]
+
+
+def unselected_files() -> list[str]:
+    """The paths of the options not chosen (the pre-gen hook has made sure the flags are booleans)."""
+    chosen_type = ANSWERS["model_type"]
+    unselected = [paths for model_type, paths in MODEL_TYPE_FILES.items() if model_type != chosen_type]
+    unselected += [paths for answer, paths in CLUSTER_FILES.items() if not ANSWERS[answer]]
+    return [path for paths in unselected for path in paths]
 
 
 def prune(project: Path) -> None:
-    unselected = (
-        path
-        for model_type, paths in MODEL_TYPE_FILES.items()
-        if model_type != ANSWERS["model_type"]
-        for path in paths
-    )
-    for relative in unselected:
+    for relative in unselected_files():
         path = project / relative
         if path.is_dir():
             shutil.rmtree(path)
@@ -67,20 +74,27 @@ def record_answers(project: Path) -> None:
 def make_executable(project: Path) -> None:
     for relative in EXECUTABLES:
         path = project / relative
+        if not path.exists():  # pruned with its option
+            continue
         mode = path.stat().st_mode
         path.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
 def print_next_steps(project: Path) -> None:
     package = ANSWERS["package_name"]
-    print(
-        f"\nCreated {project.name}/ ({ANSWERS['model_type']}). Next steps:\n"
-        f"  cd {project.name}\n"
-        "  python -m venv .venv && . .venv/bin/activate && pip install -e '.[test]'\n"
-        f"  python -m {package}.demo                      # tiny local checkpoint + demo data, offline\n"
-        "  NPROC_PER_NODE=2 ./launch.sh $(cat demo/overrides.txt)   # fine-tune it with 2 processes\n"
-        "  pytest                                         # the project's own tests\n"
-    )
+    steps = [
+        f"cd {project.name}",
+        "python -m venv .venv && . .venv/bin/activate && pip install -e '.[test]'",
+        f"python -m {package}.demo                      # tiny local checkpoint + demo data, offline",
+        "NPROC_PER_NODE=2 ./launch.sh $(cat demo/overrides.txt)   # fine-tune it with 2 processes",
+        "pytest                                         # the project's own tests",
+    ]
+    if ANSWERS["slurm"]:
+        steps.append("sbatch slurm/train.sbatch [key=value ...]      # on a SLURM cluster, see README")
+    if ANSWERS["kubernetes"]:
+        steps.append("kubectl apply -f k8s/pytorchjob.yaml           # on Kubernetes, see README")
+    print(f"\nCreated {project.name}/ ({ANSWERS['model_type']}). Next steps:")
+    print("".join(f"  {step}\n" for step in steps))
 
 
 if __name__ == "__main__":

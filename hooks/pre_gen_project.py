@@ -18,6 +18,9 @@ DEPENDENCY_NAMES = {
     "accelerate", "datasets", "huggingface_hub", "numpy", "omegaconf", "PIL", "pil", "pytest",
     "safetensors", "tokenizers", "torch", "tqdm", "transformers", "yaml",
 }  # fmt: skip
+# The PyTorchJob's name (__kubernetes_name: the slug in lower case, '-' for '_', cut to 48 characters)
+# must be a DNS-1035 label: the operator names pods and services <name>-worker-<index>, at most 63 long.
+KUBERNETES_NAME = re.compile(r"[a-z]([-a-z0-9]{0,46}[a-z0-9])?")
 
 
 class Refusal(Exception):
@@ -32,6 +35,16 @@ def parse_count(name, minimum, maximum=None):
     if value < minimum or (maximum is not None and value > maximum):
         upper = f"..{maximum}" if maximum is not None else " or more"
         raise Refusal(f"{name}={value} is out of range; answer {minimum}{upper}")
+    return value
+
+
+def parse_flag(name):
+    """A yes/no answer. cookiecutter turns yes/no/true/false into a boolean; anything else (a string in a
+    hand-written replay file, a number through the API) would render as true in the templates."""
+    value = ANSWERS[name]
+    if not isinstance(value, bool):
+        fix = f"answer {name}=yes or {name}=no (true or false, unquoted, in a replay file)"
+        raise Refusal(f"{name}={value!r} is not a boolean; {fix}")
     return value
 
 
@@ -58,7 +71,14 @@ def validate():
     )
 
     gpus = parse_count("gpus_per_node", 0, MAX_GPUS_PER_NODE)
-    parse_count("num_nodes", 1)
+    nodes = parse_count("num_nodes", 1)
+    slurm, kubernetes = parse_flag("slurm"), parse_flag("kubernetes")
+    name = ANSWERS["__kubernetes_name"]
+    if kubernetes and not KUBERNETES_NAME.fullmatch(name):
+        raise Refusal(
+            f"kubernetes=yes names the job {name!r} after project_slug={slug!r}, which is not a valid "
+            "Kubernetes name; set project_slug to start with a letter"
+        )
     backend, precision = ANSWERS["backend"], ANSWERS["precision"]
     if gpus == 0 and backend == "nccl":
         raise Refusal("backend=nccl needs GPUs but gpus_per_node=0; choose backend=gloo for CPU training")
@@ -76,6 +96,20 @@ def validate():
             "on GPUs; override later with distributed.backend=nccl",
             file=sys.stderr,
         )
+    if nodes > 1 and not (slurm or kubernetes):
+        print_multi_node_note(nodes)
+
+
+def print_multi_node_note(nodes):
+    print(
+        f"note: num_nodes={nodes} without slurm or kubernetes, so no cluster file is rendered. Run\n"
+        "  multi-node by hand: start launch.sh once on every node, each with its own NODE_RANK and the\n"
+        "  same first-node address, port and run id:\n"
+        f"    NNODES={nodes} NODE_RANK=<0..{nodes - 1}> MASTER_ADDR=<first node> MASTER_PORT=29500 "
+        "RUN_ID=<job id> ./launch.sh [key=value ...]\n"
+        "  or render again with slurm=yes (an sbatch script) or kubernetes=yes (a PyTorchJob).",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":

@@ -113,8 +113,24 @@ MODEL_TYPE_FILES = {
 }
 
 
-def expected_files(model_type: str, package: str) -> set[str]:
-    return {path.format(pkg=package) for path in CORE_FILES + MODEL_TYPE_FILES[model_type]}
+# Mirrors CLUSTER_FILES in hooks/post_gen_project.py: the files each cluster answer adds when it is yes.
+CLUSTER_FILES = {
+    "slurm": ["slurm/train.sbatch", "tests/test_slurm.py"],
+    "kubernetes": [
+        "k8s/pytorchjob.yaml",
+        "k8s/storage.yaml",
+        "Dockerfile",
+        ".dockerignore",
+        "tests/test_kubernetes.py",
+    ],
+}
+
+
+def expected_files(model_type: str, package: str, slurm: bool = False, kubernetes: bool = False) -> set[str]:
+    paths = CORE_FILES + MODEL_TYPE_FILES[model_type]
+    paths += CLUSTER_FILES["slurm"] if slurm else []
+    paths += CLUSTER_FILES["kubernetes"] if kubernetes else []
+    return {path.format(pkg=package) for path in paths}
 
 
 def list_files(root: Path) -> set[str]:

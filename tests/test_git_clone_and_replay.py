@@ -35,6 +35,8 @@ REPLAY_ANSWERS = {
     "num_nodes": "3",
     "backend": "gloo",
     "precision": "fp16",
+    "slurm": "yes",
+    "kubernetes": "yes",
 }
 
 
@@ -104,7 +106,9 @@ def test_recorded_answers_replay_to_the_same_project(template_clone, tmp_path, h
         extra_context=REPLAY_ANSWERS,
     )
     recorded = Path(first) / ".cookiecutter.json"
-    assert json.loads(recorded.read_text(encoding="utf-8"))["cookiecutter"]["num_nodes"] == "3"
+    recorded_answers = json.loads(recorded.read_text(encoding="utf-8"))["cookiecutter"]
+    assert recorded_answers["num_nodes"] == "3"
+    assert recorded_answers["slurm"] is True and recorded_answers["kubernetes"] is True  # booleans, as asked
 
     if how == "cli-replay-file":
         # The command the README documents: cookiecutter --replay-file <project>/.cookiecutter.json <template>

@@ -34,6 +34,14 @@ INVALID_ANSWERS = [
     ({"model_type": "causal-lm", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "image-classification", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "text-classification", "pretrained_model": "  "}, "pretrained_model"),
+    # cookiecutter turns yes/no/true/false into booleans; what else the API or a replay file passes would
+    # render as true (cookiecutter hands a number on as a string).
+    ({"slurm": 1}, "slurm='1'"),
+    ({"slurm": 0}, "slurm='0'"),
+    ({"kubernetes": None}, "kubernetes=None"),
+    # A PyTorchJob's name must start with a letter; it is the slug, lower-cased.
+    ({"project_slug": "_1st-try", "kubernetes": "yes"}, "kubernetes=yes"),
+    ({"project_slug": "__", "kubernetes": "yes"}, "kubernetes=yes"),
 ]
 
 
@@ -108,3 +116,48 @@ def test_cli_does_not_warn_about_nccl_on_gpus(tmp_path, user_config):
     assert lines_starting_with(proc.stderr, "warning:") == []
     assert lines_starting_with(proc.stderr, "error:") == []
     assert (output_dir / "ddp-fine-tuning" / "launch.sh").is_file()
+
+
+def test_cli_refuses_a_cluster_answer_that_is_not_yes_or_no(tmp_path, user_config):
+    # cookiecutter itself rejects it, before any hook runs.
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    proc = cookiecutter_cli({"slurm": "maybe"}, output_dir, user_config)
+
+    assert proc.returncode != 0, describe(proc)
+    assert "maybe provided for variable slurm could not be converted to a boolean" in proc.stderr
+    assert list(output_dir.iterdir()) == []
+
+
+def notes(stderr: str) -> str:
+    """The `note:` paragraph: its first line and the indented lines after it."""
+    lines = stderr.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("note:")), len(lines))
+    rest = lines[start + 1 :]
+    end = next((i for i, line in enumerate(rest) if not line.startswith("  ")), len(rest))
+    return "\n".join(lines[start : start + 1 + end])
+
+
+def test_cli_explains_multi_node_by_hand_when_no_cluster_file_is_chosen(tmp_path, user_config):
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    proc = cookiecutter_cli({"num_nodes": "3"}, output_dir, user_config)
+
+    assert proc.returncode == 0, describe(proc)
+    note = notes(proc.stderr)
+    assert note.startswith("note: num_nodes=3 without slurm or kubernetes"), proc.stderr
+    assert "NNODES=3 NODE_RANK=<0..2> MASTER_ADDR=<first node> MASTER_PORT=29500 RUN_ID=" in note
+    assert "./launch.sh [key=value ...]" in note and "slurm=yes" in note and "kubernetes=yes" in note
+    assert lines_starting_with(proc.stderr, "warning:") == lines_starting_with(proc.stderr, "error:") == []
+
+
+@pytest.mark.parametrize(
+    "answers", [{"num_nodes": "1"}, {"num_nodes": "3", "slurm": "yes"}, {"num_nodes": "3", "kubernetes": "y"}]
+)
+def test_cli_prints_no_multi_node_note_when_not_needed(tmp_path, user_config, answers):
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    proc = cookiecutter_cli(answers, output_dir, user_config)
+
+    assert proc.returncode == 0, describe(proc)
+    assert notes(proc.stderr) == "", proc.stderr

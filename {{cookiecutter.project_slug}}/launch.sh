@@ -8,11 +8,13 @@
 # Environment (defaults rendered from the template answers):
 #   NPROC_PER_NODE  processes on this node; default: one per visible GPU ({{ cookiecutter.gpus_per_node }} rendered), 1 on CPU
 #   NNODES          number of nodes ({{ cookiecutter.num_nodes }}); 1 runs standalone on a free port
-#   NODE_RANK       this node's rank in a multi-node job (optional with c10d rendezvous)
-#   MASTER_ADDR     rendezvous host of a multi-node job (required when NNODES > 1)
+#   NODE_RANK       this node's index in a multi-node job, 0 on MASTER_ADDR (optional; see below)
+#   MASTER_ADDR     rendezvous host of a multi-node job, the first node (required when NNODES > 1)
 #   MASTER_PORT     rendezvous port of a multi-node job (default 29500)
 #   MAX_RESTARTS    times torchrun restarts the whole group after a worker fails (default 0)
 #   RUN_ID          rendezvous id shared by the nodes of one job (default: derived from MASTER_ADDR:PORT)
+# torchrun's own PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT stand in
+# for the variables above where those are unset: the Kubeflow training operator sets them in each pod.
 set -euo pipefail
 
 readonly RENDERED_GPUS_PER_NODE={{ cookiecutter.gpus_per_node | int }}
@@ -41,6 +43,12 @@ visible_gpus() {
         echo ""
     fi
 }
+
+NPROC_PER_NODE="${NPROC_PER_NODE:-${PET_NPROC_PER_NODE:-}}"
+NNODES="${NNODES:-${PET_NNODES:-}}"
+NODE_RANK="${NODE_RANK:-${PET_NODE_RANK:-}}"
+MASTER_ADDR="${MASTER_ADDR:-${PET_MASTER_ADDR:-}}"
+MASTER_PORT="${MASTER_PORT:-${PET_MASTER_PORT:-}}"
 
 gpus="$(visible_gpus)"
 if ((RENDERED_GPUS_PER_NODE == 0)); then
@@ -76,8 +84,18 @@ else
         --rdzv-endpoint="$MASTER_ADDR:$port"
         --rdzv-id="${RUN_ID:-{{ cookiecutter.project_slug }}-$MASTER_ADDR-$port}"
     )
-    if [[ -n "${NODE_RANK:-}" ]]; then
-        args+=(--node-rank="$NODE_RANK")
+    if [[ -n "$NODE_RANK" ]]; then
+        if [[ ! "$NODE_RANK" =~ ^[0-9]+$ ]] || ((10#$NODE_RANK >= nnodes)); then
+            die "NODE_RANK='$NODE_RANK' is not a whole number below NNODES=$nnodes"
+        fi
+        # c10d numbers the nodes itself (torchrun ignores --node-rank for it). NODE_RANK decides which node
+        # hosts the rendezvous store: node 0, on MASTER_ADDR. Without it torchrun guesses from the host
+        # name, which misses where MASTER_ADDR is an alias of the first node (a DNS alias, a service).
+        is_host=false
+        if ((10#$NODE_RANK == 0)); then
+            is_host=true
+        fi
+        args+=(--rdzv-conf="is_host=$is_host")
     fi
 fi
 
@@ -100,6 +118,9 @@ python -m {{ cookiecutter.package_name }} --check "$@"
 # then exits with PREEMPTED_EXIT_CODE, so a scheduler can requeue; the same command resumes.
 readonly PREEMPTED_EXIT_CODE=75
 preempted=""
+# torchrun does not handle SIGUSR1 and would die of it, and SLURM signals every process of a job step:
+# torchrun inherits "ignore" instead. The workers install their own handler.
+trap '' USR1
 torchrun "${args[@]}" -m {{ cookiecutter.package_name }} "$@" &
 torchrun_pid=$!
 

@@ -34,6 +34,7 @@ def launch_env(nproc: int, **extra: str) -> dict[str, str]:
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = f"{PROJECT / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}"
     env["NPROC_PER_NODE"] = str(nproc)
+    env["NNODES"] = "1"  # one machine, whatever num_nodes the project was rendered with
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env

@@ -1,16 +1,21 @@
 """DDP computes what one large process would: same samples, same weights, same metrics, one all-reduce
-per optimizer step. Runs real torchrun with 1, 2 and 3 gloo processes on CPU, in fp32."""
+per optimizer step, on one node or two. Runs real torchrun with 1, 2 and 3 gloo processes on CPU, in fp32."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT, final_weights, launch_env, run_launch
+import torch
+from conftest import PROJECT, final_weights, launch_env, run_launch, start_launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
 
@@ -85,3 +90,42 @@ def test_world_size_and_accumulation_do_not_change_the_weights(deterministic, tm
         weights = final_weights(tmp_path / name)
         worst = max((weights[key] - reference[key]).abs().max().item() for key in reference)
         assert worst <= 1e-5, f"{name}: max |difference| {worst:.2e}"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_nodes_end_with_the_same_weights_as_one_node(deterministic, tmp_path: Path) -> None:
+    """Two launch.sh processes with NNODES=2 and one process each meet in a c10d rendezvous on 127.0.0.1,
+    as two machines would on MASTER_ADDR, and train what one node with two processes trains."""
+    run = [*deterministic, "train.epochs=1", "data.batch_size=16"]
+    one_node = run_launch([*run, f"output_dir={tmp_path / 'one_node'}"], nproc=2)
+    assert one_node.returncode == 0, one_node.stderr[-4000:]
+
+    port = free_port()
+    rendezvous = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RUN_ID": f"r{port}"}
+    # One output_dir, as on the shared storage of a real cluster: rank 0 writes, every rank reads.
+    two_nodes = [*run, f"output_dir={tmp_path / 'two_nodes'}"]
+    # The node that does not host the rendezvous starts first: it waits for the host.
+    nodes = [start_launch(two_nodes, nproc=1, NODE_RANK=rank, **rendezvous) for rank in ("1", "0")]
+    try:
+        results = [node.communicate(timeout=300) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                signal_group(node, signal.SIGKILL)
+    for node, (_, stderr) in zip(nodes, results, strict=True):
+        assert node.returncode == 0, stderr[-4000:]
+
+    reference, result = final_weights(tmp_path / "one_node"), final_weights(tmp_path / "two_nodes")
+    assert reference.keys() == result.keys()
+    different = [name for name in reference if not torch.equal(reference[name], result[name])]
+    assert different == [], "bitwise the same weights expected: the same ranks reduce the same gradients"
+
+
+def signal_group(process: subprocess.Popen, number: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, number)

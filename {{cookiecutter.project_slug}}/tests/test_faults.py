@@ -81,6 +81,20 @@ def test_elastic_restart_after_a_worker_dies(demo, reference: Path, tmp_path: Pa
     assert_same_weights(reference, tmp_path)
 
 
+def test_sigusr1_to_every_process_stops_after_a_checkpoint(demo, reference: Path, tmp_path: Path) -> None:
+    """SLURM's --signal without B: reaches every process of the job step: launch.sh, torchrun, workers."""
+    launch, workers = _interrupted_run(demo, tmp_path)
+    signal_all([launch.pid, *children(launch.pid), *workers], signal.SIGUSR1)
+    time.sleep(0.5)
+    signal_all(workers, signal.SIGCONT)
+    _, stderr = launch.communicate(timeout=120)
+    assert launch.returncode == 75, stderr[-3000:]  # torchrun survived it and reported clean workers
+
+    resumed = run_launch([*demo[1], *FAULT_RUN, f"output_dir={tmp_path}"])
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert_same_weights(reference, tmp_path)
+
+
 def test_without_restarts_a_dead_worker_ends_the_job_at_once(demo, tmp_path: Path) -> None:
     launch, workers = _interrupted_run(demo, tmp_path, MAX_RESTARTS="0")
     signal_all(workers[1:], signal.SIGKILL)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -16,13 +17,28 @@ RENDERED_NODES = int(re.search(r"RENDERED_NUM_NODES=(\d+)", SCRIPT.read_text()).
 gpu_project = pytest.mark.skipif(RENDERED_GPUS == 0, reason="GPU device selection: GPU projects only")
 
 
+# What the Kubeflow training operator sets in the pod of PyTorchJob worker 1 of 4 (nprocPerNode "2").
+OPERATOR_ENV = {
+    "MASTER_ADDR": "job-master-0",
+    "MASTER_PORT": "23456",
+    "WORLD_SIZE": "8",
+    "RANK": "2",
+    "PET_NPROC_PER_NODE": "2",
+    "PET_NNODES": "4",
+    "PET_NODE_RANK": "2",
+}
+SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)  # in /proc/<pid>/status's SigIgn mask
+
+
 @pytest.fixture
 def fake_bin(tmp_path: Path) -> Path:
     """``torchrun`` prints its arguments; ``python`` (the config pre-check) succeeds unless told not to."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "torchrun").write_text(
-        '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\necho "OMP=$OMP_NUM_THREADS"\n'
+        '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n'
+        'grep "^SigIgn:" /proc/$$/status\n'  # the signals it ignores
+        'echo "OMP=$OMP_NUM_THREADS"\n'
     )
     (bin_dir / "python").write_text(
         '#!/usr/bin/env bash\nif [[ -n "${FAIL_CHECK:-}" ]]; then echo "error: $FAIL_CHECK" >&2; exit 1; fi\n'
@@ -47,6 +63,9 @@ def launch(fake_bin: Path, *args: str, **env: str) -> subprocess.CompletedProces
             "CUDA_VISIBLE_DEVICES",
             "OMP_NUM_THREADS",
             "RUN_ID",
+            *OPERATOR_ENV,
+            "PET_MASTER_ADDR",
+            "PET_MASTER_PORT",
         }
     }
     clean["PATH"] = f"{fake_bin}{os.pathsep}{clean['PATH']}"
@@ -75,11 +94,47 @@ def test_multi_node_uses_c10d_rendezvous(fake_bin: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    for expected in ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.1.2.3:1234", "--node-rank=1",
-                     "--max-restarts=3"]:  # fmt: skip
+    for expected in ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=10.1.2.3:1234",
+                     "--rdzv-conf=is_host=false", "--max-restarts=3"]:  # fmt: skip
         assert expected in lines
     assert "--standalone" not in lines
     assert any(line.startswith("--rdzv-id=") for line in lines)
+
+
+@pytest.mark.parametrize(("node_rank", "conf"), [("0", ["--rdzv-conf=is_host=true"]), ("", [])])
+def test_node_zero_hosts_the_rendezvous(fake_bin: Path, node_rank: str, conf: list[str]) -> None:
+    # c10d numbers the nodes itself; NODE_RANK decides who hosts the store. Unset, torchrun guesses.
+    env = {"NPROC_PER_NODE": "1", "NNODES": "3", "MASTER_ADDR": "n0", "RUN_ID": "r7"}
+    result = launch(fake_bin, **env, NODE_RANK=node_rank)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if line.startswith("--rdzv-conf")] == conf
+    assert "--rdzv-id=r7" in lines
+
+
+def test_torchruns_own_pet_variables_stand_in_for_ours(fake_bin: Path) -> None:
+    """The environment of a Kubeflow PyTorchJob pod: no NNODES etc., but the operator's variables."""
+    result = launch(fake_bin, "output_dir=/shared/run", **OPERATOR_ENV, NNODES="")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for expected in ["--nproc-per-node=2", "--nnodes=4", "--rdzv-endpoint=job-master-0:23456",
+                     "--rdzv-conf=is_host=false", "--rdzv-backend=c10d"]:  # fmt: skip
+        assert expected in lines
+    assert lines[lines.index("-m") + 1 :][:2] == [PACKAGE, "output_dir=/shared/run"]
+
+    ours = launch(fake_bin, **{**OPERATOR_ENV, "NPROC_PER_NODE": "1", "NNODES": "2", "NODE_RANK": "0"})
+    lines = ours.stdout.splitlines()
+    assert {"--nproc-per-node=1", "--nnodes=2", "--rdzv-conf=is_host=true"} <= set(lines)
+
+    pet_master = launch(fake_bin, NPROC_PER_NODE="1", NNODES="2", PET_MASTER_ADDR="m", PET_MASTER_PORT="7")
+    assert "--rdzv-endpoint=m:7" in pet_master.stdout.splitlines()
+
+
+def test_torchrun_ignores_sigusr1(fake_bin: Path) -> None:
+    # SLURM's --signal reaches every process of the job step; torchrun must survive it, the workers act on it.
+    result = launch(fake_bin, NPROC_PER_NODE="1")
+    ignored = next(line for line in result.stdout.splitlines() if line.startswith("SigIgn:"))
+    assert int(ignored.split()[1], 16) & SIGUSR1_BIT
 
 
 @pytest.mark.parametrize(
@@ -89,6 +144,9 @@ def test_multi_node_uses_c10d_rendezvous(fake_bin: Path) -> None:
         ({"NPROC_PER_NODE": "two"}, "NPROC_PER_NODE='two'"),
         ({"NPROC_PER_NODE": "0"}, "NPROC_PER_NODE='0'"),
         ({"NNODES": "0"}, "NNODES='0'"),
+        ({"NNODES": "2", "MASTER_ADDR": "n0", "NODE_RANK": "2"}, "NODE_RANK='2'"),
+        ({"NNODES": "2", "MASTER_ADDR": "n0", "NODE_RANK": "one"}, "NODE_RANK='one'"),
+        ({"NNODES": "", "PET_NNODES": "1:4"}, "NNODES='1:4'"),  # an elastic range: not supported
         ({"MAX_RESTARTS": "-1"}, "MAX_RESTARTS='-1'"),
     ],
 )

@@ -117,6 +117,9 @@ class Trainer:
             self.after_step(loss, epoch_done=remaining_samples == 0)
             if self.preemption.agreed():
                 self.checkpointer.save(state, self.model, self.optimizer, self.scheduler, self.scaler)
+                # No rank exits before the checkpoint is on disk: schedulers stop a whole job when its
+                # first node exits (srun --kill-on-bad-exit, a PyTorchJob restarting its pods).
+                barrier()
                 raise Preempted(self.preemption.signal_name(), state.step)
 
     def optimizer_step(self, batches: Iterator, window_samples: int) -> torch.Tensor:

@@ -15,6 +15,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from {{ cookiecutter.package_name }}.config import (
+    Device,
+    Precision,
+    load_config,
+)
 from {{ cookiecutter.package_name }}.constants import MODEL_TYPE
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -26,6 +31,21 @@ METRIC = {
     "image-classification": "eval_accuracy",
     "custom": "eval_accuracy",
 }[MODEL_TYPE]
+
+
+def _on_this_machine() -> list[str]:
+    """Overrides that let a GPU project's tests run where there is no CUDA; none for CPU projects."""
+    config = load_config([])
+    if torch.cuda.is_available() or config.distributed.device is Device.cpu:
+        return []
+    overrides = ["distributed.device=cpu", "distributed.backend=gloo"]
+    if config.train.precision is Precision.fp16:  # CUDA only
+        overrides.append("train.precision=bf16")
+    return overrides
+
+
+# Put first in every test run's overrides: a test's own later overrides still win.
+ON_THIS_MACHINE = _on_this_machine()
 
 
 def launch_env(nproc: int, **extra: str) -> dict[str, str]:
@@ -44,7 +64,7 @@ def run_launch(
     args: list[str], nproc: int = 2, timeout: float = 300, **env: str
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(PROJECT / "launch.sh"), *args],
+        [str(PROJECT / "launch.sh"), *ON_THIS_MACHINE, *args],
         env=launch_env(nproc, **env),
         capture_output=True,
         text=True,
@@ -55,7 +75,7 @@ def run_launch(
 def start_launch(args: list[str], nproc: int = 2, **env: str) -> subprocess.Popen:
     """``launch.sh`` in the background, in its own session so a test can signal the whole job."""
     return subprocess.Popen(
-        [str(PROJECT / "launch.sh"), *args],
+        [str(PROJECT / "launch.sh"), *ON_THIS_MACHINE, *args],
         env=launch_env(nproc, **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

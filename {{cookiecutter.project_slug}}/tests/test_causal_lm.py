@@ -9,10 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import read_metrics, run_launch
+from conftest import ON_THIS_MACHINE, read_metrics, run_launch
 
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.data import DataError, EvalBatches
+from {{ cookiecutter.package_name }}.data import (
+    DataError,
+    EvalBatches,
+)
 from {{ cookiecutter.package_name }}.distributed import DistEnv
 from {{ cookiecutter.package_name }}.tasks import causal_lm as task
 
@@ -34,7 +37,7 @@ def _config(demo, tmp_path: Path, train: list[object] | None = None, val: list[o
             f"data.train_file={train_file}",
             f"data.val_file={val_file}",
             f"output_dir={tmp_path / 'out'}",
-            "distributed.device=cpu",
+            *ON_THIS_MACHINE,
             "data.max_length=16",
             *extra,
         ]

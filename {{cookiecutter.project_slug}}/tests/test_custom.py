@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import METRIC, read_metrics
+from conftest import METRIC, ON_THIS_MACHINE, read_metrics
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.config import (
@@ -21,7 +21,7 @@ ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
 
 def _config(tmp_path: Path, *overrides: str):
-    return load_config([f"output_dir={tmp_path / 'out'}", "distributed.device=cpu", *overrides])
+    return load_config([*ON_THIS_MACHINE, f"output_dir={tmp_path / 'out'}", *overrides])
 
 
 def test_synthetic_default_needs_no_files(tmp_path: Path) -> None:

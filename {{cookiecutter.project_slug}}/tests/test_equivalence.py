@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT, final_weights, launch_env, run_launch, start_launch
+from conftest import ON_THIS_MACHINE, PROJECT, final_weights, launch_env, run_launch, start_launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
 
@@ -47,7 +47,13 @@ def deterministic(demo, tmp_path: Path) -> list[str]:
     directory, overrides = demo
     model = without_dropout(directory / "model", tmp_path / "model")
     kept = [item for item in overrides if not item.startswith(("model.pretrained=", "data.batch_size="))]
-    return [*kept, f"model.pretrained={model}", "train.precision=fp32", "data.augment=false"]
+    return [
+        *ON_THIS_MACHINE,
+        *kept,
+        f"model.pretrained={model}",
+        "train.precision=fp32",
+        "data.augment=false",
+    ]
 
 
 def test_evaluation_is_identical_for_1_2_and_3_processes(deterministic, tmp_path: Path) -> None:

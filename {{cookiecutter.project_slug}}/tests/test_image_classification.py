@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import METRIC, read_metrics, run_launch
+from conftest import METRIC, ON_THIS_MACHINE, read_metrics, run_launch
 from PIL import Image
 from torch.utils.data import DataLoader
 
@@ -52,7 +52,7 @@ def _config(demo: tuple[Path, list[str]], tmp_path: Path, train: Path, val: Path
             f"data.train_file={train}",
             f"data.val_file={val or ''}",
             f"output_dir={tmp_path / 'out'}",
-            "distributed.device=cpu",
+            *ON_THIS_MACHINE,
             *extra,
         ]
     )

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import METRIC, read_metrics, run_launch
+from conftest import METRIC, ON_THIS_MACHINE, read_metrics, run_launch
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import DataError
@@ -29,7 +29,7 @@ def _data(demo: tuple[Path, list[str]], tmp_path: Path, train: list[object], val
         f"data.train_file={_write(tmp_path / 'train.jsonl', train)}",
         f"data.val_file={_write(tmp_path / 'val.jsonl', val) if val is not None else ''}",
         f"output_dir={tmp_path / 'out'}",
-        "distributed.device=cpu",
+        *ON_THIS_MACHINE,
     ]
     return task.build_data(load_config(overrides), ENV)
 

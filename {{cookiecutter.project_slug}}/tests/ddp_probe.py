@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.distributed import distributed
+from {{ cookiecutter.package_name }}.config import Config, load_config
+from {{ cookiecutter.package_name }}.distributed import DistEnv, distributed
 from {{ cookiecutter.package_name }}.model import unwrap
 from {{ cookiecutter.package_name }}.tasks import load_task
 from {{ cookiecutter.package_name }}.trainer import Trainer
@@ -59,12 +59,18 @@ def sync(trainer: Trainer) -> dict:
     }
 
 
+def measure(mode: str, config: Config, env: DistEnv) -> dict:
+    """The trainer (and the comm hook its DDP wrapper holds) is gone when this returns, before the group
+    is destroyed: gloo threads still holding Python callbacks at interpreter exit abort the process."""
+    trainer = Trainer(config, load_task(), env)
+    return {"evaluate": evaluate, "sync": sync}[mode](trainer)
+
+
 def main() -> None:
     mode, result_file, *overrides = sys.argv[1:]
     config = load_config(overrides)
     with distributed(config.distributed) as env:
-        trainer = Trainer(config, load_task(), env)
-        result = {"evaluate": evaluate, "sync": sync}[mode](trainer)
+        result = measure(mode, config, env)
         if env.is_main:
             Path(result_file).write_text(json.dumps(result))
 

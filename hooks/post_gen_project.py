@@ -41,9 +41,13 @@ CLUSTER_FILES = {
     "slurm": ["slurm", "tests/test_slurm.py"],
     "kubernetes": ["k8s", "Dockerfile", ".dockerignore", "tests/test_kubernetes.py"],
 }
+# Files that exist only with a tracker, removed when the tracker answer is none.
+TRACKER_FILES = ["tests/test_tracker.py"]
 # Context entries of cookiecutter's own or of this render's output location, not answers. `_template`
-# stays: it is where the project came from (a gh: URL or a path), which re-rendering needs.
-UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_extensions", "__prompts__"}
+# stays: it is where the project came from (a gh: URL or a path), which re-rendering needs. cruft's
+# `_commit` is kept in .cruft.json; here it would make every `cruft update` rewrite this file, and a
+# project rendered by cookiecutter and then `cruft link`ed conflict on it.
+UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_commit", "_extensions", "__prompts__"}
 EXECUTABLES = ["launch.sh", "slurm/train.sbatch"]
 
 
@@ -52,6 +56,8 @@ def unselected_files() -> list[str]:
     chosen_type = ANSWERS["model_type"]
     unselected = [paths for model_type, paths in MODEL_TYPE_FILES.items() if model_type != chosen_type]
     unselected += [paths for answer, paths in CLUSTER_FILES.items() if not ANSWERS[answer]]
+    if ANSWERS["tracker"] == "none":
+        unselected.append(TRACKER_FILES)
     return [path for paths in unselected for path in paths]
 
 

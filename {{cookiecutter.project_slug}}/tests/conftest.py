@@ -126,6 +126,15 @@ def read_metrics(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def offline_trackers(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Whatever tracker the config names, tests never reach a server nor write into the project."""
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    database = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
+    os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{database}")
+
+
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """The offline demo's checkpoint and data, built once per test session."""

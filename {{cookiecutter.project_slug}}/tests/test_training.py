@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+import pty
+import select
+import struct
+import subprocess
+import termios
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import METRIC, read_metrics, run_launch
+from conftest import METRIC, ON_THIS_MACHINE, PROJECT, launch_env, read_metrics, run_launch
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
@@ -18,6 +25,7 @@ def test_run_writes_metrics_checkpoints_and_final_model(trained: Path) -> None:
     train_records = [r for r in records if "loss" in r]
     eval_records = [r for r in records if "eval_loss" in r]
     assert train_records and all({"step", "epoch", "loss"} <= r.keys() for r in train_records)
+    assert all(r["samples_per_s"] > 0 for r in train_records)
     assert [r["step"] for r in train_records] == sorted(r["step"] for r in train_records)
     assert len(eval_records) == 2  # one per epoch
     assert all(METRIC in r and r["step"] > 0 for r in eval_records)
@@ -49,6 +57,9 @@ def test_only_rank_zero_writes(trained: Path) -> None:
             "config.yaml",
             "final",
             "metrics.jsonl",
+            "tensorboard",  # the tracker's files, when one is chosen
+            "tracker.json",
+            "wandb",
         }
     )
     # Had rank 1 written too, every record would appear twice.
@@ -64,3 +75,44 @@ def test_config_error_ends_launch_in_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: train.epoch: unknown config key"), lines
     assert time.monotonic() - started < 60
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def run_on_a_terminal(args: list[str], timeout: float = 300) -> tuple[int, str]:
+    """``launch.sh`` with a pseudo-terminal as stdout and stderr, as when a user runs it by hand."""
+    reader, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # 160 columns
+    command = [str(PROJECT / "launch.sh"), *ON_THIS_MACHINE, *args]
+    launch = subprocess.Popen(command, env=launch_env(2), stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    output, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not select.select([reader], [], [], 1.0)[0]:
+            continue
+        try:
+            chunk = os.read(reader, 65536)
+        except OSError:  # EIO: every process holding the terminal has ended
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(reader)
+    launch.kill()  # a no-op when it ended; ends a hang the deadline caught
+    return launch.wait(), output.decode(errors="replace")
+
+
+def test_progress_bar_on_rank_0_with_loss_lr_and_throughput(demo, tmp_path: Path) -> None:
+    steps = ["train.max_steps=6", "train.log_every_steps=2"]
+    code, output = run_on_a_terminal([*demo[1], *steps, f"output_dir={tmp_path}"])
+    assert code == 0, output[-3000:]
+    assert "6/6" in output  # the bar reached the last step
+    assert "loss=" in output and "lr=" in output and "samples_s=" in output
+    assert "[rank 1]" not in output  # the other rank is quiet
+    eval_lines = [line for line in output.splitlines() if " eval " in line]
+    assert len(eval_lines) == 1 and "eval_loss=" in eval_lines[0]  # one clean line per evaluation
+
+
+def test_log_level_switch(demo, tmp_path: Path) -> None:
+    result = run_launch([*demo[1], "train.max_steps=2", "log_level=warning", f"output_dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert " train " not in result.stderr and " eval " not in result.stderr
+    assert read_metrics(tmp_path)  # quieter console, same records

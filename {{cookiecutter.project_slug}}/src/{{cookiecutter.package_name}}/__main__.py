@@ -20,6 +20,7 @@ from .distributed import distributed, launched_by_torchrun, resolve_device
 from .metrics import log, setup_logging
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
 from .tasks import load_task
+from .trackers import check_tracker
 from .trainer import Trainer
 
 USAGE = """usage: python -m {package} [key=value ...]
@@ -56,12 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config([arg for arg in args if arg != "--check"])
         task = load_task()
         task.check_config(config)
+        check_tracker(config.tracker)
         if check_only:
             resolve_device(config.distributed, local_rank=0)  # e.g. CUDA asked for on a CPU machine
             return 0
         preemption = PreemptionWatch()
         with distributed(config.distributed) as env:
-            setup_logging(env)
+            setup_logging(env, config.log_level)
             Trainer(config, task, env, preemption).fit()
     except (ConfigError, DataError, CheckpointError) as error:
         report_error(f"error: {error}")

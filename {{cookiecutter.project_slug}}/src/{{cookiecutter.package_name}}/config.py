@@ -36,6 +36,19 @@ class Device(enum.Enum):
     cuda = "cuda"
 
 
+class TrackerName(enum.Enum):
+    none = "none"
+    tensorboard = "tensorboard"
+    wandb = "wandb"
+    mlflow = "mlflow"
+
+
+class LogLevel(enum.Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+
+
 def _require(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"{key}: {message}")
@@ -43,16 +56,15 @@ def _require(condition: bool, key: str, message: str) -> None:
 
 @dataclass
 class ModelConfig:
-    # Hugging Face hub id or local directory of the checkpoint to fine-tune.
-    pretrained: str = ""
+    pretrained: str = ""  # Hugging Face hub id or local directory of the checkpoint to fine-tune
 
 
 @dataclass
 class DataConfig:
-    train_file: str = ""
-    val_file: str = ""  # empty: no evaluation
-    batch_size: int = 16  # per process; the global batch is batch_size x world size x grad_accum_steps
-    eval_batch_size: int = 32  # per process
+    train_file: str = ""  # training data (the format of this project's model type, see Data formats)
+    val_file: str = ""  # evaluation data in the same format; empty: no evaluation
+    batch_size: int = 16  # per process and micro-step; global batch = this x world size x grad_accum_steps
+    eval_batch_size: int = 32  # samples per process per evaluation batch
     max_length: int = 256  # tokens per sample, capped by the model's own limit
     num_workers: int = 2  # DataLoader worker processes per training process
     augment: bool = True  # image models only: random horizontal flips of the training images
@@ -66,16 +78,16 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 3
-    max_steps: int = 0  # optimizer steps; 0 = no cap
+    epochs: int = 3  # passes over the training data
+    max_steps: int = 0  # cap on optimizer steps; 0 = no cap
     lr: float = 5e-5  # peak learning rate of AdamW
-    weight_decay: float = 0.01  # not applied to biases and norm weights
+    weight_decay: float = 0.01  # AdamW's, not applied to biases and norm weights
     warmup_ratio: float = 0.06  # share of all steps spent warming up linearly, then linear decay to 0
-    grad_accum_steps: int = 1
-    max_grad_norm: float = 1.0  # 0 = no clipping
-    precision: Precision = Precision.bf16
-    log_every_steps: int = 10
-    eval_every_steps: int = 0  # 0 = evaluate at the end of each epoch only
+    grad_accum_steps: int = 1  # micro-batches per optimizer step; gradients are all-reduced once per step
+    max_grad_norm: float = 1.0  # gradient-norm clipping threshold; 0 = no clipping
+    precision: Precision = Precision.bf16  # autocast dtype; fp16 adds a gradient scaler (CUDA only)
+    log_every_steps: int = 10  # optimizer steps between training records in metrics.jsonl
+    eval_every_steps: int = 0  # optimizer steps between evaluations; 0 = at the end of each epoch only
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", "must be >= 1")
@@ -91,8 +103,8 @@ class TrainConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 500  # also written at the end of every epoch; 0 = only then
-    keep_last: int = 3  # older checkpoints are deleted
+    every_steps: int = 500  # steps between checkpoints (one is also saved per epoch end); 0 = epoch ends only
+    keep_last: int = 3  # checkpoints kept on disk; older ones are deleted
 
     def __post_init__(self) -> None:
         _require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
@@ -101,12 +113,12 @@ class CheckpointConfig:
 
 @dataclass
 class DistributedConfig:
-    backend: Backend = Backend.nccl
-    device: Device = Device.cuda
+    backend: Backend = Backend.nccl  # nccl on GPUs, gloo on CPU
+    device: Device = Device.cuda  # cuda: one GPU per process, chosen by LOCAL_RANK
     timeout_s: int = 1800  # a collective that waits longer ends the job instead of hanging it
-    find_unused_parameters: bool = False  # only for models that skip parameters in forward
-    gradient_as_bucket_view: bool = True  # saves one copy of the gradients
-    static_graph: bool = False
+    find_unused_parameters: bool = False  # DDP: slower; only for models that skip parameters in forward
+    gradient_as_bucket_view: bool = True  # DDP: gradients live in the all-reduce buckets (one copy less)
+    static_graph: bool = False  # DDP optimisation for models whose graph never changes between steps
 
     def __post_init__(self) -> None:
         _require(self.timeout_s >= 1, "distributed.timeout_s", "must be >= 1")
@@ -118,14 +130,23 @@ class DistributedConfig:
 
 
 @dataclass
+class TrackerConfig:
+    name: TrackerName = TrackerName.none  # experiment tracker fed by rank 0 with every metrics.jsonl record
+    project: str = ""  # wandb project / mlflow experiment; empty: the project's name
+    run_name: str = ""  # empty: the name of output_dir; a resumed run continues the same tracker run
+
+
+@dataclass
 class Config:
     output_dir: str = "outputs/run"  # metrics.jsonl, checkpoints/ and final/ go here
-    seed: int = 42
+    seed: int = 42  # data order, initialisation of new heads, dropout (offset by rank)
+    log_level: LogLevel = LogLevel.info  # rank 0's console; other ranks show warnings and errors only
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
 
     def __post_init__(self) -> None:
         _require(bool(self.output_dir.strip()), "output_dir", "must not be empty")

@@ -1,34 +1,43 @@
-"""Console and ``metrics.jsonl`` output, written by global rank 0 only."""
+"""Console, ``metrics.jsonl`` and tracker output, written by global rank 0 only."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .config import LogLevel
 from .distributed import DistEnv
+from .trackers import NoTracker, Tracker
 
 log = logging.getLogger(__package__)
 
 
-def setup_logging(env: DistEnv) -> None:
-    """Rank 0 logs progress; the other ranks only warnings and errors, tagged with their rank."""
+def setup_logging(env: DistEnv, level: LogLevel = LogLevel.info) -> None:
+    """Rank 0 logs at ``level``; the other ranks only warnings and errors, tagged with their rank."""
     handler = logging.StreamHandler(sys.stderr)
     tag = "" if env.is_main else f"[rank {env.rank}] "
     handler.setFormatter(logging.Formatter(f"%(asctime)s {tag}%(message)s", "%H:%M:%S"))
     log.handlers[:] = [handler]
-    log.setLevel(logging.INFO if env.is_main else logging.WARNING)
+    log.setLevel(getattr(logging, level.value.upper()) if env.is_main else logging.WARNING)
     log.propagate = False
 
 
 class MetricsWriter:
-    """Appends one JSON object per line; a resumed run keeps the records up to its checkpoint."""
+    """Appends one JSON object per line and hands the same record to the tracker.
 
-    def __init__(self, output_dir: Path, env: DistEnv) -> None:
+    A resumed run keeps the records up to its checkpoint.
+    """
+
+    def __init__(self, output_dir: Path, env: DistEnv, tracker: Tracker | None = None) -> None:
         self.path = output_dir / "metrics.jsonl"
         self.enabled = env.is_main
+        self.tracker = tracker or NoTracker()
 
     def resume_from(self, step: int) -> None:
         """Drop records a killed run wrote after its last checkpoint: they are about to be redone."""
@@ -49,8 +58,40 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
-        shown = " ".join(f"{key}={_short(value)}" for key, value in record.items())
-        log.info(shown)
+        self.tracker.log(record)
+        kind = "eval" if any(key.startswith("eval_") for key in record) else "train"
+        log.info(f"{kind:<5} " + " ".join(f"{key}={_short(value)}" for key, value in record.items()))
+
+    def close(self, outcome: str) -> None:
+        """``outcome``: finished, preempted or failed; the tracker records it."""
+        self.tracker.close(outcome)
+
+
+class Throughput:
+    """Samples per second (all ranks together) of training since the previous reading.
+
+    Evaluation and checkpointing run inside ``paused()``, so their time does not count.
+    """
+
+    def __init__(self) -> None:
+        self.samples, self.since, self.excluded = 0, time.perf_counter(), 0.0
+
+    def add(self, samples: int) -> None:
+        self.samples += samples
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - start
+
+    def read(self) -> float:
+        now = time.perf_counter()
+        rate = self.samples / max(now - self.since - self.excluded, 1e-9)
+        self.samples, self.since, self.excluded = 0, now, 0.0
+        return rate
 
 
 def _short(value: Any) -> str:

@@ -19,12 +19,13 @@ from .config import Config
 from .data import EvalBatches, ResumableDistributedSampler, make_loader, to_device
 from .distributed import DistEnv, all_reduce_sum, barrier, gather_objects, main_process_first
 from .evaluation import evaluate
-from .metrics import MetricsWriter, log
+from .metrics import MetricsWriter, Throughput, log
 from .model import parameter_checksums, skip_gradient_sync, unwrap, wrap_ddp
 from .optim import build_optimizer, build_scheduler
 from .precision import autocast, grad_scaler
 from .preemption import Preempted, PreemptionWatch
 from .rng import seed_everything
+from .trackers import open_tracker
 
 
 class Trainer:
@@ -34,7 +35,6 @@ class Trainer:
         self.config, self.task, self.env = config, task, env
         self.preemption = preemption or PreemptionWatch()
         self.output_dir = Path(config.output_dir)
-        self.metrics = MetricsWriter(self.output_dir, env)
         if env.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "config.yaml").write_text(config.to_yaml(), encoding="utf-8")
@@ -68,6 +68,9 @@ class Trainer:
         resumed = self.checkpointer.load_latest(
             model, self.optimizer, self.scheduler, self.scaler, config.seed
         )
+        self.metrics = MetricsWriter(
+            self.output_dir, env, open_tracker(config, env, resumed.step if resumed else None)
+        )
         if resumed is None:
             seed_everything(config.seed + env.rank)  # dropout etc. differ by rank, as they should
         else:
@@ -75,6 +78,8 @@ class Trainer:
         self.state = resumed or TrainState()
         self.model = wrap_ddp(model, env, config.distributed)
         self.last_eval: dict[str, float] = {}
+        self.throughput = Throughput()
+        self.bar = tqdm(disable=True)  # replaced by fit()'s progress bar
 
     def fit(self) -> dict[str, float]:
         """Train to the end (or ``train.max_steps``), save ``final/``, return the last eval metrics."""
@@ -83,23 +88,38 @@ class Trainer:
             f"{self.config.data.batch_size} samples per process per micro-step, "
             f"{self.config.train.grad_accum_steps} micro-step(s) per step"
         )
+        outcome = "failed"
+        try:
+            self.train_to_the_end()
+            if self.val_loader is not None and self.last_eval.get("step") != self.state.step:
+                self.evaluate()
+            self.verify_replicas()
+            self.save_final()
+            outcome = "finished"
+        except Preempted:
+            outcome = "preempted"
+            raise
+        finally:
+            self.metrics.close(outcome)
+        return self.last_eval
+
+    def train_to_the_end(self) -> None:
+        """Rank 0 shows a progress bar on a terminal: steps, ETA and the last logged loss, lr, samples/s."""
         show_bar = self.env.is_main and sys.stderr.isatty()
         with (
             logging_redirect_tqdm(loggers=[log]),
-            tqdm(total=self.total_steps, initial=self.state.step, disable=not show_bar) as bar,
+            tqdm(
+                total=self.total_steps, initial=self.state.step, disable=not show_bar, unit="step"
+            ) as self.bar,
         ):
+            self.throughput = Throughput()
             while not self.finished():
-                self.run_epoch(bar)
-        if self.val_loader is not None and self.last_eval.get("step") != self.state.step:
-            self.evaluate()
-        self.verify_replicas()
-        self.save_final()
-        return self.last_eval
+                self.run_epoch()
 
     def finished(self) -> bool:
         return self.state.step >= self.total_steps or self.state.epoch >= self.config.train.epochs
 
-    def run_epoch(self, bar: tqdm) -> None:
+    def run_epoch(self) -> None:
         state, batch_size = self.state, self.config.data.batch_size
         self.sampler.set_epoch(state.epoch)
         self.sampler.start_at(state.epoch_samples)
@@ -113,7 +133,8 @@ class Trainer:
             remaining_samples -= window_samples
             state.step += 1
             state.epoch_samples += window_samples * self.env.world_size
-            bar.update(1)
+            self.throughput.add(window_samples * self.env.world_size)
+            self.bar.update(1)
             self.after_step(loss, epoch_done=remaining_samples == 0)
             if self.preemption.agreed():
                 self.checkpointer.save(state, self.model, self.optimizer, self.scheduler, self.scaler)
@@ -152,20 +173,26 @@ class Trainer:
         state, train = self.state, self.config.train
         last_step = state.step >= self.total_steps
         if state.step % train.log_every_steps == 0 or last_step or epoch_done:
-            mean_loss = all_reduce_sum(loss.clone()).item() / self.env.world_size
-            lr = self.scheduler.get_last_lr()[0]
-            self.metrics.write(
-                {"step": state.step, "epoch": self.epoch_progress(), "loss": mean_loss, "lr": lr}
-            )
+            self.log_training(loss)
         if epoch_done:
             state.epoch += 1
             state.epoch_samples = 0
         evaluate_now = train.eval_every_steps and state.step % train.eval_every_steps == 0
-        if self.val_loader is not None and (evaluate_now or epoch_done or last_step):
-            self.evaluate()
         every = self.config.checkpoint.every_steps
-        if (every and state.step % every == 0) or epoch_done or last_step:
-            self.checkpointer.save(state, self.model, self.optimizer, self.scheduler, self.scaler)
+        with self.throughput.paused():
+            if self.val_loader is not None and (evaluate_now or epoch_done or last_step):
+                self.evaluate()
+            if (every and state.step % every == 0) or epoch_done or last_step:
+                self.checkpointer.save(state, self.model, self.optimizer, self.scheduler, self.scaler)
+
+    def log_training(self, loss: torch.Tensor) -> None:
+        """The only host synchronisation of the loop: every ``train.log_every_steps`` steps."""
+        mean_loss = all_reduce_sum(loss.clone()).item() / self.env.world_size
+        lr = self.scheduler.get_last_lr()[0]
+        samples_per_s = round(self.throughput.read(), 2)
+        record = {"step": self.state.step, "epoch": self.epoch_progress(), "loss": mean_loss, "lr": lr}
+        self.metrics.write({**record, "samples_per_s": samples_per_s})
+        self.bar.set_postfix(loss=f"{mean_loss:.4g}", lr=f"{lr:.3g}", samples_s=f"{samples_per_s:.1f}")
 
     def epoch_progress(self) -> float:
         per_epoch = self.sampler.num_samples * self.env.world_size

@@ -1,0 +1,126 @@
+"""Plot a run: ``python -m <package>.plot [output_dir]`` turns ``metrics.jsonl`` into ``metrics.png``.
+
+Panels against step: training loss with eval_loss on the same axes, the learning rate, then one panel
+per other metric found: the evaluation metrics (eval_accuracy or eval_perplexity), then the rest
+(samples_per_s, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+USAGE = """usage: python -m {package}.plot [output_dir]
+
+Reads <output_dir>/metrics.jsonl (default output_dir: outputs/run), writes <output_dir>/metrics.png
+and prints its path. Works on a run in progress, or one that was killed."""
+
+# The x axis and its companion, not metrics. FIXED_PANELS come first; any other number gets its own panel.
+NOT_PLOTTED = {"step", "epoch"}
+FIXED_PANELS = [("loss", ["loss", "eval_loss"]), ("learning rate", ["lr"])]
+PANEL_SIZE = (7.0, 2.2)  # inches; with DPI, keeps the PNG small enough to commit
+DPI = 90
+
+Series = dict[str, tuple[list[float], list[float]]]
+
+
+class PlotError(Exception):
+    """Input that cannot be plotted; the message names the problem and the fix."""
+
+
+def read_records(output_dir: Path) -> list[dict]:
+    if not output_dir.is_dir():
+        raise PlotError(f"{output_dir} is not a directory; pass the output_dir of a training run")
+    path = output_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise PlotError(f"{path} does not exist; train first, or pass the output_dir of a training run")
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the last line of a run killed mid-write
+            continue
+        if isinstance(record, dict) and _is_number(record.get("step")):
+            records.append(record)
+    if not records:
+        raise PlotError(f"{path} holds no records yet; plot again after train.log_every_steps steps")
+    return records
+
+
+def _is_number(value: object) -> bool:
+    # bool is an int; NaN/inf (a diverged loss) would break the axis limits.
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def collect_series(records: list[dict]) -> Series:
+    """metric -> (steps, values), in file order."""
+    series: Series = {}
+    for record in records:
+        for key, value in record.items():
+            if key not in NOT_PLOTTED and _is_number(value):
+                steps, values = series.setdefault(key, ([], []))
+                steps.append(record["step"])
+                values.append(value)
+    return series
+
+
+def panels(series: Series) -> list[tuple[str, list[str]]]:
+    """(title, metrics) of each panel that has data."""
+    fixed = [key for _, keys in FIXED_PANELS for key in keys]
+    others = sorted((key for key in series if key not in fixed), key=lambda key: not key.startswith("eval_"))
+    layout = FIXED_PANELS + [(key, [key]) for key in others]
+    return [(title, [key for key in keys if key in series]) for title, keys in layout if series.keys() & keys]
+
+
+def render(series: Series, title: str, path: Path) -> None:
+    try:
+        from matplotlib.figure import Figure  # no pyplot: no global state, no display
+    except ImportError as error:
+        raise PlotError(f"{error}; install it with: pip install matplotlib") from None
+    layout = panels(series)
+    figure = Figure(figsize=(PANEL_SIZE[0], PANEL_SIZE[1] * len(layout)), layout="constrained")
+    axes = figure.subplots(len(layout), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (panel_title, keys) in zip(axes, layout, strict=True):
+        for key in keys:
+            steps, values = series[key]
+            # Evaluations are few, and a lone point draws no line: markers keep them visible.
+            marker = "o" if key.startswith("eval_") or len(steps) == 1 else None
+            ax.plot(steps, values, marker=marker, markersize=3, label=key)
+        ax.set_title(panel_title, fontsize=9, loc="left")
+        ax.grid(alpha=0.3)
+        ax.tick_params(labelsize=8)
+        if len(keys) > 1:
+            ax.legend(fontsize=8)
+    axes[-1].set_xlabel("step", fontsize=9)
+    figure.suptitle(title, fontsize=10)
+    figure.savefig(path, dpi=DPI)  # the format (PNG, Agg) follows from the suffix
+
+
+def plot(output_dir: Path) -> Path:
+    series = collect_series(read_records(output_dir))
+    path = output_dir / "metrics.png"
+    render(series, str(output_dir), path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help") for arg in args):
+        print(USAGE.format(package=__package__))
+        return 0
+    if len(args) > 1:
+        print(f"error: expected one output_dir, got {len(args)} arguments; see --help", file=sys.stderr)
+        return 1
+    try:
+        path = plot(Path(args[0] if args else "outputs/run"))
+    except PlotError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

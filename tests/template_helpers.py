@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,7 @@ DEFAULT_PRETRAINED = {
     "custom": "",
 }
 # Context entries that describe the machine or cookiecutter itself; they must not be recorded.
-UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_extensions", "__prompts__"}
+UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_commit", "_extensions", "__prompts__"}
 
 
 def is_valid_combination(gpus: str, backend: str, precision: str) -> bool:
@@ -56,35 +57,45 @@ def combination_id(answers: dict[str, str]) -> str:
 # "{pkg}" stands for the package name. The shared core is the same for every model type.
 CORE_FILES = [
     ".cookiecutter.json",
+    ".github/workflows/tests.yml",
     ".gitignore",
+    ".pre-commit-config.yaml",
     "README.md",
+    "docs/metrics.png",
     "launch.sh",
     "pyproject.toml",
     "src/{pkg}/__init__.py",
     "src/{pkg}/__main__.py",
     "src/{pkg}/checkpoint.py",
     "src/{pkg}/config.py",
+    "src/{pkg}/config_reference.py",
     "src/{pkg}/constants.py",
     "src/{pkg}/data.py",
     "src/{pkg}/defaults.yaml",
     "src/{pkg}/demo.py",
     "src/{pkg}/demos/__init__.py",
     "src/{pkg}/distributed.py",
+    "src/{pkg}/doctor.py",
     "src/{pkg}/evaluation.py",
     "src/{pkg}/metrics.py",
     "src/{pkg}/model.py",
     "src/{pkg}/optim.py",
+    "src/{pkg}/plot.py",
     "src/{pkg}/precision.py",
     "src/{pkg}/preemption.py",
     "src/{pkg}/rng.py",
+    "src/{pkg}/py.typed",
     "src/{pkg}/tasks/__init__.py",
+    "src/{pkg}/trackers.py",
     "src/{pkg}/trainer.py",
     "tests/conftest.py",
     "tests/ddp_probe.py",
     "tests/test_config.py",
+    "tests/test_doctor.py",
     "tests/test_equivalence.py",
     "tests/test_faults.py",
     "tests/test_launch_script.py",
+    "tests/test_plot.py",
     "tests/test_sampler.py",
     "tests/test_training.py",
 ]
@@ -126,10 +137,18 @@ CLUSTER_FILES = {
 }
 
 
-def expected_files(model_type: str, package: str, slurm: bool = False, kubernetes: bool = False) -> set[str]:
+# Mirrors TRACKER_FILES in hooks/post_gen_project.py: the files every tracker but none adds.
+TRACKERS = ("none", "tensorboard", "wandb", "mlflow")
+TRACKER_FILES = ["tests/test_tracker.py"]
+
+
+def expected_files(
+    model_type: str, package: str, slurm: bool = False, kubernetes: bool = False, tracker: str = "none"
+) -> set[str]:
     paths = CORE_FILES + MODEL_TYPE_FILES[model_type]
     paths += CLUSTER_FILES["slurm"] if slurm else []
     paths += CLUSTER_FILES["kubernetes"] if kubernetes else []
+    paths += TRACKER_FILES if tracker != "none" else []
     return {path.format(pkg=package) for path in paths}
 
 
@@ -146,11 +165,18 @@ def read_tree(root: Path) -> dict[str, tuple[bytes, bool]]:
     }
 
 
+BINARY_SUFFIXES = {".png"}
+GITHUB_EXPRESSION = re.compile(r"\$\{\{[^}]*\}\}")
+
+
 def leftover_template_syntax(root: Path) -> list[str]:
     """'path: token' for every Jinja token left in a file's name or content."""
     found = []
     for relative in sorted(list_files(root)):
+        if Path(relative).suffix in BINARY_SUFFIXES:
+            continue
         text = relative + "\n" + (root / relative).read_text(encoding="utf-8")
+        text = GITHUB_EXPRESSION.sub("", text)  # ${{ ... }} is GitHub Actions' own syntax
         found += [f"{relative}: {token}" for token in ("{{", "{%", "{#") if token in text]
     return found
 

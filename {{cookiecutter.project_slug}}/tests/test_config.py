@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import ON_THIS_MACHINE
 
+from {{ cookiecutter.package_name }} import config_reference
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.config import (
     Backend,
@@ -91,3 +92,15 @@ def test_main_refuses_bad_input_in_one_line(tmp_path: Path, capsys: pytest.Captu
 def test_check_accepts_the_demo(demo: tuple[Path, list[str]], tmp_path: Path) -> None:
     _, overrides = demo
     assert main([*ON_THIS_MACHINE, *overrides, f"output_dir={tmp_path}", "--check"]) == 0
+
+
+def test_readme_config_reference_is_generated_from_the_schema() -> None:
+    rows = list(config_reference.rows())
+    keys = [key for key, _, _ in rows]
+    assert set(CONTRACT_KEYS) <= set(keys) and len(keys) == len(set(keys))
+    assert all(meaning for _, _, meaning in rows), "a config.py field without a comment"
+    assert ("train.precision", "`bf16` \\| `fp16` \\| `fp32`") in [(key, kind) for key, kind, _ in rows]
+    readme = config_reference.README.read_text(encoding="utf-8")
+    assert config_reference.readme_with_reference(readme) == readme, (
+        f"README.md's config reference is out of date: python -m {config_reference.__name__} --write"
+    )

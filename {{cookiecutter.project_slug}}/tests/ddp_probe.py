@@ -8,15 +8,17 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-from {{ cookiecutter.package_name }}.config import Config, load_config
-from {{ cookiecutter.package_name }}.distributed import DistEnv, distributed
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.distributed import barrier, distributed
 from {{ cookiecutter.package_name }}.model import unwrap
 from {{ cookiecutter.package_name }}.tasks import load_task
 from {{ cookiecutter.package_name }}.trainer import Trainer
@@ -59,20 +61,22 @@ def sync(trainer: Trainer) -> dict:
     }
 
 
-def measure(mode: str, config: Config, env: DistEnv) -> dict:
-    """The trainer (and the comm hook its DDP wrapper holds) is gone when this returns, before the group
-    is destroyed: gloo threads still holding Python callbacks at interpreter exit abort the process."""
-    trainer = Trainer(config, load_task(), env)
-    return {"evaluate": evaluate, "sync": sync}[mode](trainer)
-
-
 def main() -> None:
+    faulthandler.enable()  # a native crash prints where each rank was
     mode, result_file, *overrides = sys.argv[1:]
     config = load_config(overrides)
     with distributed(config.distributed) as env:
-        result = measure(mode, config, env)
+        trainer = Trainer(config, load_task(), env)
+        result = {"evaluate": evaluate, "sync": sync}[mode](trainer)
         if env.is_main:
             Path(result_file).write_text(json.dumps(result))
+        barrier()
+        # The measurement is on disk on every rank's behalf. Skip the interpreter's teardown: with the
+        # Python comm hook registered above, gloo's threads can abort a process as it exits ("terminate
+        # called without an active exception"), which would fail a probe whose work is done.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

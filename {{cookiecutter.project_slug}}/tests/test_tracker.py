@@ -144,3 +144,13 @@ def test_a_resumed_run_continues_the_same_tracker_run(demo, tmp_path: Path) -> N
         assert json.loads((output_dir / RUN_FILE).read_text()) == first_run
     assert read_metrics(output_dir)[-1]["epoch"] == 2.0
     assert_same_series(expected_series(output_dir), series)
+
+
+@pytest.mark.skipif(TRACKER is not TrackerName.wandb, reason="wandb's login")
+def test_wandb_without_a_login_ends_the_job_in_one_line(demo, tmp_path: Path) -> None:
+    not_logged_in = {"HOME": str(tmp_path), "WANDB_MODE": "online", "WANDB_API_KEY": ""}
+    result = run_launch([*demo[1], f"output_dir={tmp_path / 'run'}"], **not_logged_in)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "error:" in line or line.startswith("[rank")]
+    assert len(errors) == 1 and errors[0].startswith("error: tracker.name=wandb: "), result.stderr[-3000:]
+    assert "WANDB_MODE=offline" in errors[0]

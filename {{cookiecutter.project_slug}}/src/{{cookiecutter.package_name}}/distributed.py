@@ -6,7 +6,6 @@ same code path as ``torchrun``.
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,9 +90,6 @@ def distributed(config: DistributedConfig) -> Iterator[DistEnv]:
         yield DistEnv(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
     finally:
         if dist.is_available() and dist.is_initialized():
-            # Free unreachable DDP wrappers first: a reducer alive at interpreter exit keeps the group's
-            # worker threads running while Python shuts down, which can abort the process (SIGABRT).
-            gc.collect()
             dist.destroy_process_group()
 
 

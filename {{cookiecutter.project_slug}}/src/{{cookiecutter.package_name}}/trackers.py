@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from omegaconf import OmegaConf
 
 from .config import Config, ConfigError, TrackerConfig, TrackerName
-from .distributed import DistEnv
+from .distributed import DistEnv, broadcast_object
 
 RUN_FILE = "tracker.json"
 # The module each tracker imports, and what to install for it.
@@ -56,10 +56,26 @@ def check_tracker(config: TrackerConfig) -> None:
 
 
 def open_tracker(config: Config, env: DistEnv, resumed_step: int | None) -> Tracker:
-    """The tracker of this run on rank 0; every other rank gets one that does nothing."""
+    """The tracker of this run on rank 0; every other rank gets one that does nothing.
+
+    A collective: when rank 0 cannot open its tracker (wandb not logged in, say), every rank raises the
+    same error, so the job ends with that one line instead of the other ranks' lost-connection traces.
+    """
+    tracker: Tracker = NoTracker()
+    problem = None
+    if env.is_main and config.tracker.name is not TrackerName.none:
+        try:
+            tracker = _open_on_rank_0(config, resumed_step)
+        except ConfigError as error:
+            problem = str(error)
+    problem = broadcast_object(problem, env)
+    if problem:
+        raise ConfigError(problem)
+    return tracker
+
+
+def _open_on_rank_0(config: Config, resumed_step: int | None) -> Tracker:
     name = config.tracker.name
-    if not env.is_main or name is TrackerName.none:
-        return NoTracker()
     output_dir = Path(config.output_dir)
     if name is TrackerName.tensorboard:
         return TensorBoardTracker(output_dir, resumed_step)
@@ -120,14 +136,19 @@ class WandbTracker:
         import wandb
 
         # WANDB_MODE=offline (or a WANDB_API_KEY) decides where it goes; wandb reads its own env.
-        self.run = wandb.init(
-            project=project or None,
-            name=run_name,
-            id=run_id,
-            resume="allow",
-            dir=str(output_dir),
-            config=settings,
-        )
+        try:
+            self.run = wandb.init(
+                project=project or None,
+                name=run_name,
+                id=run_id,
+                resume="allow",
+                dir=str(output_dir),
+                config=settings,
+            )
+        except wandb.errors.UsageError as error:  # not logged in: say how, in one line
+            raise ConfigError(
+                f"tracker.name=wandb: {str(error).rstrip('.')}; or set WANDB_API_KEY, or WANDB_MODE=offline"
+            ) from None
         self.run_id = self.run.id
 
     def log(self, record: dict[str, Any]) -> None:

@@ -94,6 +94,7 @@ def test_a_missing_data_file_fails_naming_the_key_and_the_fix(
 
 
 @pytest.mark.slow
+@pytest.mark.shared_core
 def test_an_unwritable_output_dir_fails(demo: tuple[Path, list[str]], tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")  # unwritable beneath it even for root, unlike chmod
@@ -106,6 +107,7 @@ def test_an_unwritable_output_dir_fails(demo: tuple[Path, list[str]], tmp_path: 
 
 
 @pytest.mark.slow
+@pytest.mark.shared_core
 def test_a_master_port_in_use_fails(demo: tuple[Path, list[str]], tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("", 0))

@@ -114,34 +114,27 @@ def assert_same_series(expected: Series, actual: Series) -> None:
         assert [value for _, value in got] == pytest.approx([value for _, value in points], rel=1e-6), tag
 
 
-def test_rank_0_feeds_the_tracker_every_record(demo, tmp_path: Path) -> None:
+def test_rank_0_feeds_the_tracker_and_a_resumed_run_continues_it(demo, tmp_path: Path) -> None:
     output_dir = tmp_path / "run"
-    result = run_launch([*demo[1], f"output_dir={output_dir}", "train.epochs=1"], **offline(tmp_path))
-    assert result.returncode == 0, result.stderr[-4000:]
-
+    first = run_launch([*demo[1], f"output_dir={output_dir}", "train.epochs=1"], **offline(tmp_path))
+    assert first.returncode == 0, first.stderr[-4000:]
     series, runs = READERS[TRACKER](output_dir, tmp_path)
     assert len(runs) == 1, f"one tracker run expected (rank 0's), found {runs}"
     expected = expected_series(output_dir)
     assert {"train/loss", "train/lr", "train/samples_per_s", "eval/loss"} <= set(expected)
     assert_same_series(expected, series)
 
-
-def test_a_resumed_run_continues_the_same_tracker_run(demo, tmp_path: Path) -> None:
-    output_dir = tmp_path / "run"
-    first = run_launch([*demo[1], f"output_dir={output_dir}", "train.epochs=1"], **offline(tmp_path))
-    assert first.returncode == 0, first.stderr[-4000:]
     run_file = output_dir / RUN_FILE
     first_run = json.loads(run_file.read_text()) if run_file.exists() else None
     # The same command with one more epoch resumes from the first run's last checkpoint.
     second = run_launch([*demo[1], f"output_dir={output_dir}", "train.epochs=2"], **offline(tmp_path))
     assert second.returncode == 0, second.stderr[-4000:]
-
     series, runs = READERS[TRACKER](output_dir, tmp_path)
     if TRACKER is TrackerName.tensorboard:
         assert len(runs) == 2, f"one event file per launch, in the same folder: {runs}"
     else:
         assert len(set(runs)) == 1, f"the resumed run opened a new tracker run: {runs}"
-        assert json.loads((output_dir / RUN_FILE).read_text()) == first_run
+        assert json.loads(run_file.read_text()) == first_run
     assert read_metrics(output_dir)[-1]["epoch"] == 2.0
     assert_same_series(expected_series(output_dir), series)
 

@@ -100,6 +100,7 @@ def run_on_a_terminal(args: list[str], timeout: float = 300) -> tuple[int, str]:
     return launch.wait(), output.decode(errors="replace")
 
 
+@pytest.mark.shared_core
 def test_progress_bar_on_rank_0_with_loss_lr_and_throughput(demo, tmp_path: Path) -> None:
     steps = ["train.max_steps=6", "train.log_every_steps=2"]
     code, output = run_on_a_terminal([*demo[1], *steps, f"output_dir={tmp_path}"])
@@ -111,6 +112,7 @@ def test_progress_bar_on_rank_0_with_loss_lr_and_throughput(demo, tmp_path: Path
     assert len(eval_lines) == 1 and "eval_loss=" in eval_lines[0]  # one clean line per evaluation
 
 
+@pytest.mark.shared_core
 def test_log_level_switch(demo, tmp_path: Path) -> None:
     result = run_launch([*demo[1], "train.max_steps=2", "log_level=warning", f"output_dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-3000:]

@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 
+import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
@@ -74,6 +75,7 @@ def build(directory: Path) -> list[str]:
         pad_token_id=tokenizer.pad_token_id,
     )
     model_dir = directory / "model"
+    torch.manual_seed(0)  # a seeded initialisation: the demo result does not hang on a lucky draw
     BertForMaskedLM(config).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     return [

@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -140,6 +141,16 @@ CLUSTER_FILES = {
 # Mirrors TRACKER_FILES in hooks/post_gen_project.py: the files every tracker but none adds.
 TRACKERS = ("none", "tensorboard", "wandb", "mlflow")
 TRACKER_FILES = ["tests/test_tracker.py"]
+
+
+def copy_template(destination: Path) -> None:
+    """The template's files (what a git checkout of it holds) into ``destination``, caches left out."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache")
+    for entry in TEMPLATE_ENTRIES:
+        if (REPO / entry).is_dir():
+            shutil.copytree(REPO / entry, destination / entry, ignore=ignore)
+        else:
+            shutil.copy2(REPO / entry, destination / entry)
 
 
 def expected_files(

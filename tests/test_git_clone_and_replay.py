@@ -17,7 +17,7 @@ import pytest
 from cookiecutter.main import cookiecutter
 from template_helpers import (
     REPO,
-    TEMPLATE_ENTRIES,
+    copy_template,
     describe,
     expected_files,
     list_files,
@@ -49,12 +49,7 @@ def git(*args: str, cwd) -> None:
 def template_clone(tmp_path_factory):
     """A `git clone` of a repository that holds the working tree's template files."""
     source = tmp_path_factory.mktemp("template-repo")
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache")
-    for entry in TEMPLATE_ENTRIES:
-        if (REPO / entry).is_dir():
-            shutil.copytree(REPO / entry, source / entry, ignore=ignore)
-        else:
-            shutil.copy2(REPO / entry, source / entry)
+    copy_template(source)
     git("init", "-q", "-b", "main", ".", cwd=source)
     git("add", "-A", cwd=source)
     git("commit", "-q", "-m", "template", cwd=source)

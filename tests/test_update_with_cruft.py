@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -18,10 +17,9 @@ import pytest
 from template_helpers import (
     CLUSTER_FILES,
     MODEL_TYPE_FILES,
-    REPO,
-    TEMPLATE_ENTRIES,
     VENV_BIN,
     cookiecutter_cli,
+    copy_template,
     describe,
     expected_files,
     list_files,
@@ -71,12 +69,7 @@ def template(tmp_path: Path) -> Path:
     """A git repository of the working tree's template, one commit."""
     repo = tmp_path / "template"
     repo.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ruff_cache", ".pytest_cache")
-    for entry in TEMPLATE_ENTRIES:
-        if (REPO / entry).is_dir():
-            shutil.copytree(REPO / entry, repo / entry, ignore=ignore)
-        else:
-            shutil.copy2(REPO / entry, repo / entry)
+    copy_template(repo)
     git("init", "-q", "-b", "main", ".", cwd=repo)
     commit_all(repo, "template")
     return repo

@@ -13,7 +13,7 @@ from typing import Any
 
 from .config import LogLevel
 from .distributed import DistEnv
-from .trackers import NoTracker, Tracker
+from .trackers import NoTracker, Tracker, is_evaluation
 
 log = logging.getLogger(__package__)
 
@@ -59,7 +59,7 @@ class MetricsWriter:
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")
         self.tracker.log(record)
-        kind = "eval" if any(key.startswith("eval_") for key in record) else "train"
+        kind = "eval" if is_evaluation(record) else "train"
         log.info(f"{kind:<5} " + " ".join(f"{key}={_short(value)}" for key, value in record.items()))
 
     def close(self, outcome: str) -> None:

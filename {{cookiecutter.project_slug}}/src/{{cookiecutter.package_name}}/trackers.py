@@ -100,10 +100,14 @@ def _previous_run_id(run_file: Path, name: TrackerName) -> str | None:
     return saved.get("run_id") if saved.get("tracker") == name.value else None
 
 
+def is_evaluation(record: dict[str, Any]) -> bool:
+    return any(key.startswith("eval_") for key in record)
+
+
 def tracked_values(record: dict[str, Any]) -> tuple[int, dict[str, float]]:
     """The step and the numbers of a metrics record, named train/<key> or eval/<key>."""
     values = {}
-    evaluation = any(key.startswith("eval_") for key in record)
+    evaluation = is_evaluation(record)
     for key, value in record.items():
         if key == "step" or isinstance(value, bool) or not isinstance(value, int | float):
             continue

@@ -17,21 +17,25 @@ PACKAGE = f"src/{ANSWERS['package_name']}"
 MODEL_TYPE_FILES = {
     "text-classification": [
         f"{PACKAGE}/tasks/text_classification.py",
+        f"{PACKAGE}/tasks/text_classification_checks.py",
         f"{PACKAGE}/demos/text_classification.py",
         "tests/test_text_classification.py",
     ],
     "causal-lm": [
         f"{PACKAGE}/tasks/causal_lm.py",
+        f"{PACKAGE}/tasks/causal_lm_checks.py",
         f"{PACKAGE}/demos/causal_lm.py",
         "tests/test_causal_lm.py",
     ],
     "image-classification": [
         f"{PACKAGE}/tasks/image_classification.py",
+        f"{PACKAGE}/tasks/image_classification_checks.py",
         f"{PACKAGE}/demos/image_classification.py",
         "tests/test_image_classification.py",
     ],
     "custom": [
         f"{PACKAGE}/tasks/custom.py",
+        f"{PACKAGE}/tasks/custom_checks.py",
         f"{PACKAGE}/demos/custom.py",
         "tests/test_custom.py",
     ],

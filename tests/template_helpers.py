@@ -77,6 +77,7 @@ CORE_FILES = [
     "src/{pkg}/demos/__init__.py",
     "src/{pkg}/distributed.py",
     "src/{pkg}/doctor.py",
+    "src/{pkg}/errors.py",
     "src/{pkg}/evaluation.py",
     "src/{pkg}/metrics.py",
     "src/{pkg}/model.py",
@@ -84,7 +85,10 @@ CORE_FILES = [
     "src/{pkg}/plot.py",
     "src/{pkg}/precision.py",
     "src/{pkg}/preemption.py",
+    "src/{pkg}/preflight.py",
     "src/{pkg}/rng.py",
+    "src/{pkg}/run.py",
+    "src/{pkg}/throughput.py",
     "src/{pkg}/py.typed",
     "src/{pkg}/tasks/__init__.py",
     "src/{pkg}/trackers.py",
@@ -98,27 +102,32 @@ CORE_FILES = [
     "tests/test_launch_script.py",
     "tests/test_plot.py",
     "tests/test_sampler.py",
+    "tests/test_throughput.py",
     "tests/test_training.py",
 ]
 # Mirrors MODEL_TYPE_FILES in hooks/post_gen_project.py: the files each model type owns.
 MODEL_TYPE_FILES = {
     "text-classification": [
         "src/{pkg}/tasks/text_classification.py",
+        "src/{pkg}/tasks/text_classification_checks.py",
         "src/{pkg}/demos/text_classification.py",
         "tests/test_text_classification.py",
     ],
     "causal-lm": [
         "src/{pkg}/tasks/causal_lm.py",
+        "src/{pkg}/tasks/causal_lm_checks.py",
         "src/{pkg}/demos/causal_lm.py",
         "tests/test_causal_lm.py",
     ],
     "image-classification": [
         "src/{pkg}/tasks/image_classification.py",
+        "src/{pkg}/tasks/image_classification_checks.py",
         "src/{pkg}/demos/image_classification.py",
         "tests/test_image_classification.py",
     ],
     "custom": [
         "src/{pkg}/tasks/custom.py",
+        "src/{pkg}/tasks/custom_checks.py",
         "src/{pkg}/demos/custom.py",
         "tests/test_custom.py",
     ],

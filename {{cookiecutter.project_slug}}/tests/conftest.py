@@ -6,6 +6,7 @@ import contextlib
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -150,7 +151,13 @@ def trained(demo: tuple[Path, list[str]], tmp_path_factory: pytest.TempPathFacto
     output_dir = tmp_path_factory.mktemp("run")
     _, overrides = demo
     result = run_launch(
-        [*overrides, f"output_dir={output_dir}", "train.epochs=2", "checkpoint.every_steps=5"]
+        [
+            *overrides,
+            f"output_dir={output_dir}",
+            "train.epochs=2",
+            "checkpoint.every_steps=5",
+            "train.peak_tflops=1",  # a peak for this CPU, so records carry mfu
+        ]
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return output_dir
@@ -167,3 +174,29 @@ def reference(demo: tuple[Path, list[str]], tmp_path_factory: pytest.TempPathFac
     result = run_launch([*demo[1], *FAULT_RUN, f"output_dir={output_dir}"])
     assert result.returncode == 0, result.stderr[-4000:]
     return output_dir
+
+
+def without_dropout(model_dir: Path, copy: Path) -> Path:
+    """The demo checkpoint with every dropout rate at 0: runs then differ only by the arithmetic."""
+    shutil.copytree(model_dir, copy)
+    config_file = copy / "config.json"
+    config = json.loads(config_file.read_text())
+    for key, value in config.items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+            config[key] = 0.0
+    config_file.write_text(json.dumps(config))
+    return copy
+
+
+@pytest.fixture
+def deterministic(demo, tmp_path: Path) -> list[str]:
+    directory, overrides = demo
+    model = without_dropout(directory / "model", tmp_path / "model")
+    kept = [item for item in overrides if not item.startswith(("model.pretrained=", "data.batch_size="))]
+    return [
+        *ON_THIS_MACHINE,
+        *kept,
+        f"model.pretrained={model}",
+        "train.precision=fp32",
+        "data.augment=false",
+    ]

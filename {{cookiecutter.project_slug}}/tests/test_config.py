@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import ON_THIS_MACHINE
+from conftest import ON_THIS_MACHINE, PACKAGE, launch_env
 
 from {{ cookiecutter.package_name }} import config_reference
 from {{ cookiecutter.package_name }}.__main__ import main
 from {{ cookiecutter.package_name }}.config import (
     Backend,
     ConfigError,
+    Device,
     Precision,
     load_config,
 )
@@ -104,3 +107,19 @@ def test_readme_config_reference_is_generated_from_the_schema() -> None:
     assert config_reference.readme_with_reference(readme) == readme, (
         f"README.md's config reference is out of date: python -m {config_reference.__name__} --write"
     )
+
+
+def test_the_pre_check_imports_no_torch(demo: tuple[Path, list[str]], tmp_path: Path) -> None:
+    """launch.sh runs --check before torchrun: importing torch there would add seconds to every launch."""
+    arguments = ["--check", *ON_THIS_MACHINE, *demo[1], f"output_dir={tmp_path}"]
+    script = (
+        "import sys\n"
+        f"from {PACKAGE}.__main__ import main\n"
+        f"code = main({arguments!r})\n"
+        "print(code, sorted(name for name in ('torch', 'transformers', 'numpy') if name in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=launch_env(1)
+    )
+    on_gpu = load_config([*ON_THIS_MACHINE, *demo[1]]).distributed.device is Device.cuda
+    assert done.stdout.strip() == ("0 ['torch']" if on_gpu else "0 []"), done.stdout + done.stderr

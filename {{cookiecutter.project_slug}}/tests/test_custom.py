@@ -15,7 +15,12 @@ from {{ cookiecutter.package_name }}.config import (
 )
 from {{ cookiecutter.package_name }}.data import DataError
 from {{ cookiecutter.package_name }}.distributed import DistEnv
-from {{ cookiecutter.package_name }}.tasks import custom as task
+from {{ cookiecutter.package_name }}.tasks import (
+    custom as task,
+)
+from {{ cookiecutter.package_name }}.tasks import (
+    custom_checks as checks,
+)
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 
@@ -26,7 +31,7 @@ def _config(tmp_path: Path, *overrides: str):
 
 def test_synthetic_default_needs_no_files(tmp_path: Path) -> None:
     config = _config(tmp_path, "data.train_file=", "data.val_file=", "model.pretrained=")
-    task.check_config(config)
+    checks.check_config(config)
     data = task.build_data(config, ENV)
     assert len(data.train) == 2048 and len(data.val) == 509
     batch = data.collate([data.train[0], data.train[1]])
@@ -61,7 +66,7 @@ def test_unreadable_data_file_is_named(tmp_path: Path) -> None:
 
 def test_pretrained_directory_must_hold_weights(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"has no model\.safetensors"):
-        task.check_config(_config(tmp_path, f"model.pretrained={tmp_path}"))
+        checks.check_config(_config(tmp_path, f"model.pretrained={tmp_path}"))
 
 
 @pytest.mark.slow

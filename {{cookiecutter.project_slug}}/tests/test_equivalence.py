@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_THIS_MACHINE, PROJECT, final_weights, launch_env, run_launch, start_launch
+from conftest import PROJECT, final_weights, launch_env, run_launch, start_launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
 
@@ -28,32 +27,6 @@ def probe(mode: str, nproc: int, result: Path, overrides: list[str]) -> dict:
     done = subprocess.run(command, env=launch_env(nproc), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(result.read_text())
-
-
-def without_dropout(model_dir: Path, copy: Path) -> Path:
-    """The demo checkpoint with every dropout rate at 0: runs then differ only by the arithmetic."""
-    shutil.copytree(model_dir, copy)
-    config_file = copy / "config.json"
-    config = json.loads(config_file.read_text())
-    for key, value in config.items():
-        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
-            config[key] = 0.0
-    config_file.write_text(json.dumps(config))
-    return copy
-
-
-@pytest.fixture
-def deterministic(demo, tmp_path: Path) -> list[str]:
-    directory, overrides = demo
-    model = without_dropout(directory / "model", tmp_path / "model")
-    kept = [item for item in overrides if not item.startswith(("model.pretrained=", "data.batch_size="))]
-    return [
-        *ON_THIS_MACHINE,
-        *kept,
-        f"model.pretrained={model}",
-        "train.precision=fp32",
-        "data.augment=false",
-    ]
 
 
 def test_evaluation_is_identical_for_1_2_and_3_processes(deterministic, tmp_path: Path) -> None:

@@ -26,6 +26,9 @@ from {{ cookiecutter.package_name }}.distributed import (
 from {{ cookiecutter.package_name }}.tasks import (
     image_classification as task,
 )
+from {{ cookiecutter.package_name }}.tasks import (
+    image_classification_checks as checks,
+)
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 RED = (255, 0, 0)
@@ -142,7 +145,7 @@ def test_missing_folder_or_a_file_is_refused_before_training(demo, tmp_path: Pat
         paths[key] = wrong
         config = _config(demo, tmp_path, paths["data.train_file"], paths["data.val_file"])
         with pytest.raises(ConfigError, match=f"{key}=.*{message}"):
-            task.check_config(config)
+            checks.check_config(config)
 
 
 def test_other_files_are_skipped_with_one_warning(demo, tmp_path: Path, caplog) -> None:

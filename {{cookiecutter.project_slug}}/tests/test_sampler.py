@@ -75,3 +75,78 @@ def test_evaluation_batches_hold_every_sample_once_in_world_size_independent_bat
     single = EvalBatches(size, batch_size=4, env=_env(0, 1))
     assert [dealt[j] for j in sorted(dealt)] == list(single)  # the same batches, whatever the world size
     assert sorted(i for batch in dealt.values() for i in batch) == list(range(size))
+
+
+def _grouped_shards(lengths: list[int], world_size: int, batch: int, epoch: int = 0) -> list[list[int]]:
+    shards = []
+    for rank in range(world_size):
+        sampler = ResumableDistributedSampler(
+            range(len(lengths)), _env(rank, world_size), seed=7, global_batch=batch, lengths=lengths
+        )
+        sampler.set_epoch(epoch)
+        shards.append(list(sampler))
+    return shards
+
+
+def _global_steps(shards: list[list[int]], per_rank: int) -> list[list[int]]:
+    steps = -(-len(shards[0]) // per_rank)
+    return [
+        sorted(i for shard in shards for i in shard[step * per_rank : (step + 1) * per_rank])
+        for step in range(steps)
+    ]
+
+
+LENGTHS = [int(8 + 200 * (i * 7919 % 1000) / 1000) for i in range(1000)]  # 8..207, shuffled
+
+
+def test_grouped_batches_do_not_depend_on_the_world_size() -> None:
+    steps = {
+        world_size: _global_steps(_grouped_shards(LENGTHS, world_size, 16), 16 // world_size)
+        for world_size in (1, 2, 4)
+    }
+    assert steps[1] == steps[2] == steps[4]
+    assert sorted(i for step in steps[2] for i in step) == list(range(1000))  # each sample once
+
+
+def test_grouping_cuts_padding_and_keeps_the_order_random() -> None:
+    def padded_tokens(shard: list[int]) -> int:
+        batches = [shard[i : i + 8] for i in range(0, len(shard), 8)]
+        return sum(len(batch) * max(LENGTHS[i] for i in batch) for batch in batches)
+
+    grouped, plain = _grouped_shards(LENGTHS, 2, 16)[0], _shards(1000, 2)[0]
+    assert padded_tokens(grouped) < 0.7 * padded_tokens(plain)
+    assert _grouped_shards(LENGTHS, 2, 16, epoch=1)[0] != grouped  # a new order every epoch
+    means = [sum(LENGTHS[i] for i in grouped[j : j + 8]) / 8 for j in range(0, 64, 8)]
+    assert means != sorted(means, reverse=True)  # batches are shuffled, not sorted longest first
+
+
+def test_the_longest_sample_comes_first_and_a_short_last_batch_stays_last() -> None:
+    lengths = LENGTHS[:996]  # 996 samples: 62 full global batches of 16 and one of 4
+    single = _grouped_shards(lengths, 1, 16)[0]
+    assert max(lengths[i] for i in single[:16]) == max(lengths)
+    tail = single[-4:]
+    assert len(_global_steps([single], 16)[-1]) == 4 and sorted(tail) == _global_steps([single], 16)[-1]
+
+
+def test_grouped_sampler_resumes_mid_epoch() -> None:
+    full = _grouped_shards(LENGTHS, 2, 16)
+    for rank in range(2):
+        sampler = ResumableDistributedSampler(
+            range(1000), _env(rank, 2), seed=7, global_batch=16, lengths=LENGTHS
+        )
+        sampler.set_epoch(0)
+        sampler.start_at(96)
+        assert list(sampler) == full[rank][48:]
+
+
+def test_evaluation_batches_by_length_are_world_size_independent_and_complete() -> None:
+    lengths = LENGTHS[:101]
+    dealt = {}
+    for rank in range(3):
+        batches = EvalBatches(101, batch_size=4, env=_env(rank, 3), lengths=lengths)
+        dealt.update(zip(batches.batch_ids, batches, strict=True))
+    single = list(EvalBatches(101, batch_size=4, env=_env(0, 1), lengths=lengths))
+    assert [dealt[j] for j in sorted(dealt)] == single
+    assert sorted(i for batch in single for i in batch) == list(range(101))
+    spans = [max(lengths[i] for i in batch) - min(lengths[i] for i in batch) for batch in single]
+    assert max(spans) < 20  # each batch holds similar lengths

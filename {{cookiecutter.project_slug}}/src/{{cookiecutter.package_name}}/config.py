@@ -66,7 +66,8 @@ class DataConfig:
     batch_size: int = 16  # per process and micro-step; global batch = this x world size x grad_accum_steps
     eval_batch_size: int = 32  # samples per process per evaluation batch
     max_length: int = 256  # tokens per sample, capped by the model's own limit
-    num_workers: int = 2  # DataLoader worker processes per training process
+    num_workers: int = 2  # DataLoader worker processes per training process; 0 loads in the training process
+    group_by_length: bool = True  # batches of similar-length samples, in random order: less padding
     augment: bool = True  # image models only: random horizontal flips of the training images
 
     def __post_init__(self) -> None:
@@ -85,9 +86,11 @@ class TrainConfig:
     warmup_ratio: float = 0.06  # share of all steps spent warming up linearly, then linear decay to 0
     grad_accum_steps: int = 1  # micro-batches per optimizer step; gradients are all-reduced once per step
     max_grad_norm: float = 1.0  # gradient-norm clipping threshold; 0 = no clipping
-    precision: Precision = Precision.bf16  # autocast dtype; fp16 adds a gradient scaler (CUDA only)
+    precision: Precision = Precision.bf16  # autocast; fp16 adds a scaler (CUDA only); no bf16 hardware: fp32
     log_every_steps: int = 10  # optimizer steps between training records in metrics.jsonl
     eval_every_steps: int = 0  # optimizer steps between evaluations; 0 = at the end of each epoch only
+    compile: bool = False  # torch.compile the DDP-wrapped model: compiles for a while, then faster GPU steps
+    peak_tflops: float = 0.0  # one device's peak in the run's precision, for mfu; 0 = known GPUs' own
 
     def __post_init__(self) -> None:
         _require(self.epochs >= 1, "train.epochs", "must be >= 1")
@@ -99,6 +102,7 @@ class TrainConfig:
         _require(self.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 = no clipping)")
         _require(self.log_every_steps >= 1, "train.log_every_steps", "must be >= 1")
         _require(self.eval_every_steps >= 0, "train.eval_every_steps", "must be >= 0")
+        _require(self.peak_tflops >= 0, "train.peak_tflops", "must be >= 0 (0 = look the GPU up)")
 
 
 @dataclass

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,21 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from .config import Config, ConfigError
+from .config import Config
 from .distributed import DistEnv, main_process_first
 
 
 class DataError(ValueError):
     """Input data the run cannot use; the message names the file and the line or item."""
+
+
+def count_samples(batch: dict[str, torch.Tensor]) -> int:
+    return len(next(iter(batch.values())))
+
+
+def count_real_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens that are not padding, counted on the host before the batch moves: no device sync."""
+    return int(batch["attention_mask"].sum())
 
 
 @dataclass
@@ -31,16 +41,38 @@ class TaskData:
     collate: Callable[[list[Any]], dict[str, torch.Tensor]]
     # Whatever the model type needs later to build and save its model (label names, tokenizer, ...).
     extras: dict[str, Any] = field(default_factory=dict)
+    # The positions a batch puts through the model (tokens, image patches; one per sample by default):
+    # tokens_per_s and mfu in metrics.jsonl count these.
+    count_tokens: Callable[[dict[str, torch.Tensor]], int] = count_samples
+    # Sample lengths, where they vary: data.group_by_length then batches samples of similar length.
+    train_lengths: Sequence[int] | None = None
+    val_lengths: Sequence[int] | None = None
+    # True when __getitem__ draws augmentations from the DataLoader workers' seed, which is new each
+    # epoch only if the workers are: such data gets no persistent workers.
+    reseeds_workers: bool = False
+
+
+# data.group_by_length sorts windows of this many global batches by length: long enough that a batch
+# rarely mixes short and long samples, short enough that the order stays random at the scale of an epoch.
+LENGTH_GROUP_BATCHES = 50
 
 
 class ResumableDistributedSampler(DistributedSampler):
-    """``DistributedSampler`` that can start part-way into an epoch.
+    """``DistributedSampler`` that can start part-way into an epoch and group samples by length.
 
-    The shuffle depends on seed and epoch only and ranks take interleaved slices, so the samples of
-    global step k are the same whatever the world size. ``drop_last`` keeps every rank's share equal.
+    The epoch's order depends on seed, epoch and the global batch only, and ranks take interleaved
+    slices of it, so the samples of global step k are the same whatever the world size. ``drop_last``
+    keeps every rank's share equal.
     """
 
-    def __init__(self, dataset: Dataset, env: DistEnv, seed: int) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        env: DistEnv,
+        seed: int,
+        global_batch: int = 1,
+        lengths: Sequence[int] | None = None,
+    ) -> None:
         super().__init__(
             dataset,
             num_replicas=env.world_size,
@@ -49,32 +81,72 @@ class ResumableDistributedSampler(DistributedSampler):
             seed=seed,
             drop_last=True,
         )
+        self.global_batch = global_batch
+        self.lengths = None if lengths is None else torch.as_tensor(lengths)
         self.skip = 0
 
     def start_at(self, global_samples_done: int) -> None:
         """Skip what the whole job already consumed of this epoch (set after ``set_epoch``)."""
         self.skip = min(global_samples_done // self.num_replicas, self.num_samples)
 
+    def epoch_order(self) -> torch.Tensor:
+        """Every rank's samples of this epoch, in global order (DistributedSampler's shuffle)."""
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.dataset), generator=generator)[: self.total_size]
+        if self.lengths is not None:
+            order = group_by_length(order, self.lengths, self.global_batch, generator)
+        return order
+
     def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
-        return iter(indices[self.skip :])
+        mine = self.epoch_order()[self.rank : self.total_size : self.num_replicas]
+        return iter(mine[self.skip :].tolist())
 
     def __len__(self) -> int:
         return self.num_samples - self.skip
 
 
+def group_by_length(
+    order: torch.Tensor, lengths: torch.Tensor, global_batch: int, generator: torch.Generator
+) -> torch.Tensor:
+    """``order`` rearranged into global batches of similar-length samples, the batches in random order.
+
+    Windows of LENGTH_GROUP_BATCHES global batches are sorted longest first and cut into global batches,
+    which are then shuffled; a short last batch stays last, so every other step's batch is complete. The
+    batch holding the longest sample goes first: a batch that does not fit in memory fails at step 1.
+    """
+    window = global_batch * LENGTH_GROUP_BATCHES
+    pieces = []
+    for start in range(0, len(order), window):
+        chunk = order[start : start + window]
+        pieces.append(chunk[torch.argsort(lengths[chunk], descending=True, stable=True)])
+    grouped = torch.cat(pieces) if pieces else order
+    full = len(grouped) // global_batch * global_batch
+    batches = grouped[:full].view(-1, global_batch)
+    if len(batches):
+        batches = batches[torch.randperm(len(batches), generator=generator)]
+        longest = int(lengths[batches].max(dim=1).values.argmax())
+        batches[[0, longest]] = batches[[longest, 0]]
+    return torch.cat([batches.flatten(), grouped[full:]])
+
+
 class EvalBatches(Sampler[list[int]]):
-    """Evaluation batches fixed globally and dealt round-robin: batch j holds samples [jB, (j+1)B) and
-    goes to rank j % world size.
+    """Evaluation batches fixed globally and dealt round-robin: batch j holds samples [jB, (j+1)B) of the
+    evaluation order and goes to rank j % world size.
 
     Every validation sample is evaluated exactly once (no padding duplicates), and always in the same
-    batch whatever the world size, so per-batch sums are bitwise the same for 1, 2 or 64 processes.
+    batch whatever the world size, so per-batch sums are bitwise the same for 1, 2 or 64 processes. With
+    ``lengths``, the order is longest first, so each batch holds samples of similar length.
     """
 
-    def __init__(self, size: int, batch_size: int, env: DistEnv) -> None:
+    def __init__(
+        self, size: int, batch_size: int, env: DistEnv, lengths: Sequence[int] | None = None
+    ) -> None:
+        order = list(range(size))
+        if lengths is not None:
+            order = torch.argsort(torch.as_tensor(lengths), descending=True, stable=True).tolist()
         self.total_batches = math.ceil(size / batch_size)
         self.batch_ids = list(range(env.rank, self.total_batches, env.world_size))
-        self.batches = [list(range(j * batch_size, min((j + 1) * batch_size, size))) for j in self.batch_ids]
+        self.batches = [order[j * batch_size : (j + 1) * batch_size] for j in self.batch_ids]
 
     def __iter__(self) -> Iterator[list[int]]:
         return iter(self.batches)
@@ -86,13 +158,18 @@ class EvalBatches(Sampler[list[int]]):
 def make_loader(
     dataset: Dataset, data: TaskData, config: Config, env: DistEnv, **batching: Any
 ) -> DataLoader:
-    """A DataLoader with the project's workers and collate; ``batching`` picks the sampler and batch size."""
+    """A DataLoader with the project's workers and collate; ``batching`` picks the sampler and batch size.
+
+    Workers persist across epochs (no new processes, no cold first batch each epoch) unless the data
+    draws augmentations from their per-epoch seed; pinned memory makes the copy to the GPU asynchronous.
+    """
     workers = config.data.num_workers
     return DataLoader(
         dataset,
         collate_fn=data.collate,
         num_workers=workers,
         pin_memory=env.device.type == "cuda",
+        persistent_workers=workers > 0 and not data.reseeds_workers,
         multiprocessing_context="fork" if workers and os.name == "posix" else None,
         **batching,
     )
@@ -102,16 +179,9 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
     return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
-def require_file(key: str, value: str) -> None:
-    if not value:
-        raise ConfigError(f"{key} is empty; give the path of your data")
-    if not Path(value).exists():
-        raise ConfigError(f"{key}={value!r} does not exist; check the path")
-
-
-def read_jsonl(path: str | Path, required: Sequence[str]) -> list[dict[str, Any]]:
-    """Parse JSON Lines, naming the file and line of the first bad record."""
-    rows = []
+def iter_jsonl(path: str | Path, required: Sequence[str]) -> Iterator[dict[str, Any]]:
+    """JSON Lines records one at a time, naming the file and line of the first bad record."""
+    found = False
     with open(path, encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -126,10 +196,21 @@ def read_jsonl(path: str | Path, required: Sequence[str]) -> list[dict[str, Any]
             if missing:
                 raise DataError(f"{path}:{number}: missing field {missing[0]!r}")
             row["_line"] = number
-            rows.append(row)
-    if not rows:
+            found = True
+            yield row
+    if not found:
         raise DataError(f"{path}: no records; the file is empty")
-    return rows
+
+
+def read_jsonl(path: str | Path, required: Sequence[str]) -> list[dict[str, Any]]:
+    return list(iter_jsonl(path, required))
+
+
+def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Lists of ``size`` items (the last one shorter): tokenize a big file without holding it whole."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
 
 
 def fingerprint(*parts: Any) -> str:

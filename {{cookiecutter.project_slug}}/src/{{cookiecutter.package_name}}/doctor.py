@@ -22,7 +22,7 @@ import torch.multiprocessing as mp
 
 from .config import Backend, Config, ConfigError, Device, load_config
 from .constants import GPUS_PER_NODE, MODEL_TYPE
-from .tasks import load_task
+from .tasks import load_checks
 
 USAGE = """usage: python -m {package}.doctor [key=value ...]
 
@@ -196,7 +196,7 @@ def readable(key: str, value: str, config: Config) -> Line:
 
 def data_files(config: Config) -> Iterator[Line]:
     try:
-        load_task().check_config(config)
+        load_checks().check_config(config)
     except ConfigError as error:
         yield config_problem(error)
         return

@@ -6,8 +6,6 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +51,12 @@ class MetricsWriter:
         self.path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
+        """The record, with the wall-clock ``time`` (Unix seconds) it was written at."""
         if not self.enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
         self.tracker.log(record)
         kind = "eval" if is_evaluation(record) else "train"
         log.info(f"{kind:<5} " + " ".join(f"{key}={_short(value)}" for key, value in record.items()))
@@ -65,33 +64,6 @@ class MetricsWriter:
     def close(self, outcome: str) -> None:
         """``outcome``: finished, preempted or failed; the tracker records it."""
         self.tracker.close(outcome)
-
-
-class Throughput:
-    """Samples per second (all ranks together) of training since the previous reading.
-
-    Evaluation and checkpointing run inside ``paused()``, so their time does not count.
-    """
-
-    def __init__(self) -> None:
-        self.samples, self.since, self.excluded = 0, time.perf_counter(), 0.0
-
-    def add(self, samples: int) -> None:
-        self.samples += samples
-
-    @contextmanager
-    def paused(self) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.excluded += time.perf_counter() - start
-
-    def read(self) -> float:
-        now = time.perf_counter()
-        rate = self.samples / max(now - self.since - self.excluded, 1e-9)
-        self.samples, self.since, self.excluded = 0, now, 0.0
-        return rate
 
 
 def _short(value: Any) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 
+import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -25,6 +26,12 @@ def wrap_ddp(model: nn.Module, env: DistEnv, config: DistributedConfig) -> nn.Mo
     )
 
 
+def compile_model(model: nn.Module) -> nn.Module:
+    """torch.compile around the DDP wrapper, so DDP's bucketing splits the graph where all-reduces start
+    and they overlap the backward pass; compiling the bare module first would hide its parameters."""
+    return torch.compile(model)
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module, without DDP's ``module.`` or torch.compile's ``_orig_mod.`` prefixes."""
     while True:
@@ -38,8 +45,9 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def skip_gradient_sync(model: nn.Module, skip: bool) -> AbstractContextManager:
     """DDP's ``no_sync`` on the micro-steps of an accumulation window that are not its last."""
-    if skip and isinstance(model, DistributedDataParallel):
-        return model.no_sync()
+    ddp = getattr(model, "_orig_mod", model)  # the DDP wrapper inside torch.compile's
+    if skip and isinstance(ddp, DistributedDataParallel):
+        return ddp.no_sync()
     return nullcontext()
 
 

@@ -18,7 +18,7 @@ Reads <output_dir>/metrics.jsonl (default output_dir: outputs/run), writes <outp
 and prints its path. Works on a run in progress, or one that was killed."""
 
 # The x axis and its companion, not metrics. FIXED_PANELS come first; any other number gets its own panel.
-NOT_PLOTTED = {"step", "epoch"}
+NOT_PLOTTED = {"step", "epoch", "time"}
 FIXED_PANELS = [("loss", ["loss", "eval_loss"]), ("learning rate", ["lr"])]
 PANEL_SIZE = (7.0, 2.2)  # inches; with DPI, keeps the PNG small enough to commit
 DPI = 90

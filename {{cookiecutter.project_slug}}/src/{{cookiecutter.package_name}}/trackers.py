@@ -7,23 +7,16 @@ Each tracker's package is imported only when that tracker is chosen.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any, Protocol
 
 from omegaconf import OmegaConf
 
-from .config import Config, ConfigError, TrackerConfig, TrackerName
+from .config import Config, ConfigError, TrackerName
 from .distributed import DistEnv, broadcast_object
 
 RUN_FILE = "tracker.json"
-# The module each tracker imports, and what to install for it.
-REQUIREMENTS = {
-    TrackerName.tensorboard: ("tensorboard", "tensorboard"),
-    TrackerName.wandb: ("wandb", "wandb"),
-    TrackerName.mlflow: ("mlflow", "mlflow-skinny sqlalchemy alembic"),
-}
 
 MLFLOW_STATUS = {"finished": "FINISHED", "preempted": "KILLED", "failed": "FAILED"}
 
@@ -41,18 +34,6 @@ class NoTracker:
 
     def close(self, outcome: str) -> None:
         pass
-
-
-def check_tracker(config: TrackerConfig) -> None:
-    """Refuse a tracker whose package is missing before any process starts, not after a rendezvous."""
-    if config.name is TrackerName.none:
-        return
-    module, install = REQUIREMENTS[config.name]
-    if importlib.util.find_spec(module) is None:
-        raise ConfigError(
-            f"tracker.name={config.name.value} needs the {module} package: pip install {install} "
-            "(or run with tracker.name=none)"
-        )
 
 
 def open_tracker(config: Config, env: DistEnv, resumed_step: int | None) -> Tracker:

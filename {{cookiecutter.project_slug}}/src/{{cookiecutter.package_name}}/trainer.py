@@ -16,15 +16,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .checkpoint import Checkpointer, TrainState
 from .config import Config
-from .data import EvalBatches, ResumableDistributedSampler, make_loader, to_device
+from .data import EvalBatches, ResumableDistributedSampler, count_samples, make_loader, to_device
 from .distributed import DistEnv, all_reduce_sum, barrier, gather_objects, main_process_first
 from .evaluation import evaluate
-from .metrics import MetricsWriter, Throughput, log
-from .model import parameter_checksums, skip_gradient_sync, unwrap, wrap_ddp
+from .metrics import MetricsWriter, log
+from .model import compile_model, parameter_checksums, skip_gradient_sync, unwrap, wrap_ddp
 from .optim import build_optimizer, build_scheduler
-from .precision import autocast, grad_scaler
+from .precision import autocast, effective_precision, fallback_warning, grad_scaler
 from .preemption import Preempted, PreemptionWatch
 from .rng import seed_everything
+from .throughput import Throughput, device_peak_flops, training_flops_per_token
 from .trackers import open_tracker
 
 
@@ -45,14 +46,28 @@ class Trainer:
         with _download_first(config.model.pretrained, env):
             model = task.build_model(config, self.data).to(env.device)
 
-        train = config.train
-        self.sampler = ResumableDistributedSampler(self.data.train, env, config.seed)
+        train, grouped = config.train, config.data.group_by_length
+        self.precision = effective_precision(train.precision, env.device)
+        if self.precision is not train.precision and env.is_main:
+            log.warning(fallback_warning(env.device))
+        self.sampler = ResumableDistributedSampler(
+            self.data.train,
+            env,
+            config.seed,
+            global_batch=config.data.batch_size * env.world_size * train.grad_accum_steps,
+            lengths=self.data.train_lengths if grouped else None,
+        )
         self.train_loader = make_loader(
             self.data.train, self.data, config, env, sampler=self.sampler, batch_size=config.data.batch_size
         )
         self.val_loader = None
         if self.data.val is not None:
-            eval_batches = EvalBatches(len(self.data.val), config.data.eval_batch_size, env)
+            eval_batches = EvalBatches(
+                len(self.data.val),
+                config.data.eval_batch_size,
+                env,
+                lengths=self.data.val_lengths if grouped else None,
+            )
             self.val_loader = make_loader(self.data.val, self.data, config, env, batch_sampler=eval_batches)
         self.steps_per_epoch = math.ceil(
             self.sampler.num_samples / (config.data.batch_size * train.grad_accum_steps)
@@ -63,7 +78,7 @@ class Trainer:
 
         self.optimizer = build_optimizer(model, train, env.device)
         self.scheduler = build_scheduler(self.optimizer, train, self.total_steps)
-        self.scaler = grad_scaler(train.precision, env.device)
+        self.scaler = grad_scaler(self.precision, env.device)
         self.checkpointer = Checkpointer(self.output_dir / "checkpoints", env, config.checkpoint.keep_last)
         resumed = self.checkpointer.load_latest(
             model, self.optimizer, self.scheduler, self.scaler, config.seed
@@ -77,6 +92,11 @@ class Trainer:
             self.metrics.resume_from(resumed.step)
         self.state = resumed or TrainState()
         self.model = wrap_ddp(model, env, config.distributed)
+        if train.compile:
+            self.model = compile_model(self.model)
+        peak = device_peak_flops(env.device, self.precision, train.peak_tflops)
+        self.flops_per_token = training_flops_per_token(model) if peak else 0.0
+        self.peak_flops = peak
         self.last_eval: dict[str, float] = {}
         self.throughput = Throughput()
         self.bar = tqdm(disable=True)  # replaced by fit()'s progress bar
@@ -112,7 +132,7 @@ class Trainer:
                 total=self.total_steps, initial=self.state.step, disable=not show_bar, unit="step"
             ) as self.bar,
         ):
-            self.throughput = Throughput()
+            self.throughput = Throughput(self.flops_per_token, self.peak_flops)
             while not self.finished():
                 self.run_epoch()
 
@@ -133,7 +153,6 @@ class Trainer:
             remaining_samples -= window_samples
             state.step += 1
             state.epoch_samples += window_samples * self.env.world_size
-            self.throughput.add(window_samples * self.env.world_size)
             self.bar.update(1)
             self.after_step(loss, epoch_done=remaining_samples == 0)
             if self.preemption.agreed():
@@ -152,11 +171,14 @@ class Trainer:
         """
         train, total_loss, done = self.config.train, torch.zeros((), device=self.env.device), 0
         while done < window_samples:
-            batch = to_device(next(batches), self.env.device)
-            samples = len(next(iter(batch.values())))
+            with self.throughput.waiting_for_data():
+                host_batch = next(batches)
+            samples = count_samples(host_batch)
+            self.throughput.add(samples * self.env.world_size, self.data.count_tokens(host_batch))
+            batch = to_device(host_batch, self.env.device)
             done += samples
             with skip_gradient_sync(self.model, done < window_samples):
-                with autocast(train.precision, self.env.device):
+                with autocast(self.precision, self.env.device):
                     loss = self.task.training_loss(self.model, batch) * (samples / window_samples)
                 self.scaler.scale(loss).backward()
             total_loss += loss.detach().float()
@@ -172,7 +194,8 @@ class Trainer:
     def after_step(self, loss: torch.Tensor, epoch_done: bool) -> None:
         state, train = self.state, self.config.train
         last_step = state.step >= self.total_steps
-        if state.step % train.log_every_steps == 0 or last_step or epoch_done:
+        # The first step is logged too: its loss is the sanity check, and its time the start-up's cost.
+        if state.step % train.log_every_steps == 0 or state.step == 1 or last_step or epoch_done:
             self.log_training(loss)
         if epoch_done:
             state.epoch += 1
@@ -186,13 +209,18 @@ class Trainer:
                 self.checkpointer.save(state, self.model, self.optimizer, self.scheduler, self.scaler)
 
     def log_training(self, loss: torch.Tensor) -> None:
-        """The only host synchronisation of the loop: every ``train.log_every_steps`` steps."""
-        mean_loss = all_reduce_sum(loss.clone()).item() / self.env.world_size
+        """The only host synchronisation of the loop: every ``train.log_every_steps`` steps, one all-reduce
+        of the loss and every rank's token and data-wait counts."""
+        counts = torch.tensor(self.throughput.local_counts(), dtype=torch.float64, device=self.env.device)
+        summed = all_reduce_sum(torch.cat([loss.double().view(1), counts])).tolist()
+        mean_loss, world_size = summed[0] / self.env.world_size, self.env.world_size
         lr = self.scheduler.get_last_lr()[0]
-        samples_per_s = round(self.throughput.read(), 2)
+        speed = self.throughput.read(tokens=summed[1], waited=summed[2], world_size=world_size)
         record = {"step": self.state.step, "epoch": self.epoch_progress(), "loss": mean_loss, "lr": lr}
-        self.metrics.write({**record, "samples_per_s": samples_per_s})
-        self.bar.set_postfix(loss=f"{mean_loss:.4g}", lr=f"{lr:.3g}", samples_s=f"{samples_per_s:.1f}")
+        self.metrics.write({**record, **speed})
+        self.bar.set_postfix(
+            loss=f"{mean_loss:.4g}", lr=f"{lr:.3g}", samples_s=f"{speed['samples_per_s']:.1f}"
+        )
 
     def epoch_progress(self) -> float:
         per_epoch = self.sampler.num_samples * self.env.world_size
@@ -200,7 +228,7 @@ class Trainer:
 
     def evaluate(self) -> None:
         assert self.val_loader is not None
-        results = evaluate(self.model, self.val_loader, self.task, self.env, self.config.train.precision)
+        results = evaluate(self.model, self.val_loader, self.task, self.env, self.precision)
         self.last_eval = {"step": self.state.step, "epoch": self.epoch_progress(), **results}
         self.metrics.write(self.last_eval)
 

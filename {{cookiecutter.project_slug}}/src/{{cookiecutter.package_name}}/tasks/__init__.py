@@ -2,7 +2,6 @@
 
 A model type module provides these functions; the shared loop calls nothing else:
 
-- ``check_config(config)``: refuse missing paths or settings early (raises ``ConfigError``).
 - ``build_data(config, env) -> TaskData``: datasets, collate function and extras (label names, ...).
 - ``build_model(config, data) -> nn.Module``: the pretrained model with its head sized from the data.
 - ``training_loss(model, batch) -> Tensor``: mean loss of the batch.
@@ -11,6 +10,9 @@ A model type module provides these functions; the shared loop calls nothing else
   across batches and ranks, so the reduced metrics are exact whatever the world size.
 - ``evaluation_metrics(sums) -> dict[str, float]``: ``eval_loss`` and the type's metric from the sums.
 - ``save_final(model, data, directory)``: the fine-tuned model, loadable the way users load it.
+
+Its companion ``<model type>_checks.py`` provides ``check_config(config)``: refuse missing paths or
+settings (raises ``ConfigError``). It imports nothing heavy, so launch.sh's pre-check runs it in a second.
 """
 
 from __future__ import annotations
@@ -23,3 +25,7 @@ from ..constants import MODEL_TYPE
 
 def load_task() -> ModuleType:
     return importlib.import_module(f"{__name__}.{MODEL_TYPE.replace('-', '_')}")
+
+
+def load_checks() -> ModuleType:
+    return importlib.import_module(f"{__name__}.{MODEL_TYPE.replace('-', '_')}_checks")

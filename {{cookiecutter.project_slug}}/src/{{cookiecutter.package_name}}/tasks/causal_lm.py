@@ -10,6 +10,7 @@ scores every validation token exactly once across ranks.
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -22,21 +23,22 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
 from ..config import Config, ConfigError
-from ..data import DataError, TaskData, cached, fingerprint, read_jsonl, require_file
+from ..data import (
+    DataError,
+    TaskData,
+    cached,
+    chunks,
+    count_real_tokens,
+    fingerprint,
+    iter_jsonl,
+)
 from ..distributed import DistEnv
 from ..metrics import log
 
 FIELDS = ("text",)
 EVALUATION_SUMS = ("loss", "count")
 IGNORE_INDEX = -100  # label of padding: no loss
-
-
-def check_config(config: Config) -> None:
-    if not config.model.pretrained:
-        raise ConfigError("model.pretrained is empty; give a Hugging Face hub id or a local directory")
-    require_file("data.train_file", config.data.train_file)
-    if config.data.val_file:
-        require_file("data.val_file", config.data.val_file)
+TOKENIZE_CHUNK = 4096  # lines per tokenizer call: bounded memory on rank 0, whatever the file size
 
 
 class BlockDataset(Dataset):
@@ -84,23 +86,26 @@ def block_size(config: Config) -> int:
     return min([config.data.max_length, *[limit for limit in limits if isinstance(limit, int)]])
 
 
-def token_stream(rows: list[dict[str, Any]], tokenizer: Any, path: str) -> torch.Tensor:
-    for row in rows:
-        if not isinstance(row["text"], str):
-            raise DataError(f"{path}:{row['_line']}: field 'text' must be a string")
-    encoded = tokenizer([row["text"] for row in rows], add_special_tokens=False)["input_ids"]
-    stream: list[int] = []
-    for ids in encoded:
-        stream.extend(ids)
-        stream.append(tokenizer.eos_token_id)
-    return torch.tensor(stream, dtype=torch.int32)  # half of int64; batches are int64 again
+def token_stream(path: str, tokenizer: Any) -> torch.Tensor:
+    """The file's documents as one int32 token stream, each followed by the end-of-text token.
+
+    Tokenized a chunk of lines at a time, so rank 0 never holds a large file as Python lists.
+    """
+    pieces = []
+    for rows in chunks(iter_jsonl(path, FIELDS), TOKENIZE_CHUNK):
+        for row in rows:
+            if not isinstance(row["text"], str):
+                raise DataError(f"{path}:{row['_line']}: field 'text' must be a string")
+        encoded = tokenizer([row["text"] for row in rows], add_special_tokens=False)["input_ids"]
+        stream = itertools.chain.from_iterable((*ids, tokenizer.eos_token_id) for ids in encoded)
+        pieces.append(torch.tensor(list(stream), dtype=torch.int32))  # batches are int64 again
+    return torch.cat(pieces)
 
 
-def preprocess(config: Config) -> dict[str, Any]:
-    tokenizer = load_tokenizer(config)
+def preprocess(config: Config, tokenizer: Any) -> dict[str, Any]:
     size = block_size(config)
     train_path = config.data.train_file
-    train = BlockDataset(token_stream(read_jsonl(train_path, FIELDS), tokenizer, train_path), size, False)
+    train = BlockDataset(token_stream(train_path, tokenizer), size, False)
     if not len(train):
         raise DataError(
             f"{train_path}: too little text for one block of {size} tokens; add data or lower data.max_length"
@@ -108,7 +113,7 @@ def preprocess(config: Config) -> dict[str, Any]:
     val = None
     if config.data.val_file:
         val_path = config.data.val_file
-        val = BlockDataset(token_stream(read_jsonl(val_path, FIELDS), tokenizer, val_path), size, True)
+        val = BlockDataset(token_stream(val_path, tokenizer), size, True)
         if not len(val):
             raise DataError(f"{val_path}: fewer than 2 tokens; evaluation needs some text")
     return {"train": train, "val": val, "block_size": size}
@@ -129,13 +134,14 @@ def build_data(config: Config, env: DistEnv) -> TaskData:
         config.data.max_length,
     )
     cache_file = Path(config.output_dir) / "cache" / f"causal-lm-{key}.pt"
-    processed = cached(cache_file, lambda: preprocess(config), env)
     tokenizer = load_tokenizer(config)
+    processed = cached(cache_file, lambda: preprocess(config, tokenizer), env)
     return TaskData(
         train=processed["train"],
         val=processed["val"],
         collate=Collator(tokenizer.pad_token_id),
         extras={"tokenizer": tokenizer, "block_size": processed["block_size"]},
+        count_tokens=count_real_tokens,
     )
 
 

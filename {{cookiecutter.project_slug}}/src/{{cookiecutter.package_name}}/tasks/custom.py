@@ -21,8 +21,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from ..config import Config, ConfigError
-from ..data import DataError, TaskData, require_file
+from ..config import Config
+from ..data import DataError, TaskData
 from ..distributed import DistEnv
 
 EVALUATION_SUMS = ("loss", "correct", "count")
@@ -85,15 +85,6 @@ def synthetic_split(seed: int, size: int) -> TensorDataset:
 
 
 # ---- The shared loop's interface (see tasks/__init__.py); no need to edit below ------------------
-def check_config(config: Config) -> None:
-    for key, value in (("data.train_file", config.data.train_file), ("data.val_file", config.data.val_file)):
-        if value:
-            require_file(key, value)
-    if config.model.pretrained and not (Path(config.model.pretrained) / "model.safetensors").is_file():
-        raise ConfigError(
-            f"model.pretrained={config.model.pretrained!r} has no model.safetensors; "
-            "give a directory saved by this project (e.g. a final/) or leave it empty"
-        )
 
 
 def build_data(config: Config, env: DistEnv) -> TaskData:

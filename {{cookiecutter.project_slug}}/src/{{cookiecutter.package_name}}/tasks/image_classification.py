@@ -28,11 +28,11 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps
 from torch import nn
 from torch.utils.data import Dataset, get_worker_info
-from transformers import AutoImageProcessor, AutoModelForImageClassification
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
 from transformers.utils import logging as transformers_logging
 
-from ..config import Config, ConfigError
-from ..data import DataError, TaskData, cached, fingerprint, require_file
+from ..config import Config
+from ..data import DataError, TaskData, cached, fingerprint
 from ..distributed import DistEnv, main_process_first
 from ..metrics import log
 
@@ -46,23 +46,6 @@ HEADER_CHECK_CHUNK = 4096  # files handed to the thread pool at a time: bounded 
 PIL_PROCESSOR = (
     {"backend": "pil"} if find_spec("transformers.image_processing_backends") else {"use_fast": False}
 )
-
-
-def _require_folder(key: str, value: str) -> None:
-    require_file(key, value)
-    if not Path(value).is_dir():
-        raise ConfigError(
-            f"{key}={value!r} is a file; for image classification it names a folder "
-            "with one sub-folder of images per class"
-        )
-
-
-def check_config(config: Config) -> None:
-    if not config.model.pretrained:
-        raise ConfigError("model.pretrained is empty; give a Hugging Face hub id or a local directory")
-    _require_folder("data.train_file", config.data.train_file)
-    if config.data.val_file:
-        _require_folder("data.val_file", config.data.val_file)
 
 
 class UnreadableImage(DataError):
@@ -208,6 +191,19 @@ class ImageFolderDataset(Dataset):
         return random.Random(f"{worker.seed - worker.id}/{index}").random() < 0.5
 
 
+class PatchCounter:
+    """The positions a batch puts through the model: patches for a vision transformer, else one per image."""
+
+    def __init__(self, patch_size: int | None) -> None:
+        self.patch_size = patch_size
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> int:
+        images, _, height, width = batch["pixel_values"].shape
+        if not self.patch_size:
+            return images
+        return images * (height // self.patch_size) * (width // self.patch_size)
+
+
 def collate(samples: list[tuple[torch.Tensor, int]]) -> dict[str, torch.Tensor]:
     return {
         "pixel_values": torch.stack([pixels for pixels, _ in samples]),
@@ -237,14 +233,17 @@ def build_data(config: Config, env: DistEnv) -> TaskData:
     key = fingerprint(*watched, IMAGE_SUFFIXES)
     cache_file = Path(config.output_dir) / "cache" / f"image-classification-{key}.pt"
     index = cached(cache_file, lambda: build_index(train_root, val_root), env)
-    with main_process_first(env):  # rank 0 fetches a hub checkpoint's processor, the others read its copy
+    with main_process_first(env):  # rank 0 fetches a hub checkpoint's files, the others read its copy
         processor = load_processor(config)
+        patch_size = getattr(AutoConfig.from_pretrained(config.model.pretrained), "patch_size", None)
     val = index["val"]
     return TaskData(
         train=ImageFolderDataset(index["train"], processor, augment=config.data.augment),
         val=ImageFolderDataset(val, processor, augment=False) if val is not None else None,
         collate=collate,
         extras={"labels": index["labels"], "processor": processor},
+        count_tokens=PatchCounter(patch_size if isinstance(patch_size, int) else None),
+        reseeds_workers=config.data.augment,  # flips follow the workers' per-epoch seed
     )
 
 

@@ -1,0 +1,55 @@
+"""The checks a run passes before any process starts: config, data paths, the tracker's package, device.
+
+``launch.sh`` runs them in one process (``python -m <package> --check``), so a mistake costs a second and
+prints one line. Nothing here imports torch or the model type's libraries, whose import alone takes
+seconds; only a CUDA device needs torch to be checked.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from .config import Config, ConfigError, Device, TrackerConfig, TrackerName
+from .tasks import load_checks
+
+# The module each tracker imports, and what to install for it.
+TRACKER_PACKAGES = {
+    TrackerName.tensorboard: ("tensorboard", "tensorboard"),
+    TrackerName.wandb: ("wandb", "wandb"),
+    TrackerName.mlflow: ("mlflow", "mlflow-skinny sqlalchemy alembic"),
+}
+
+
+def require_path(key: str, value: str) -> None:
+    if not value:
+        raise ConfigError(f"{key} is empty; give the path of your data")
+    if not Path(value).exists():
+        raise ConfigError(f"{key}={value!r} does not exist; check the path")
+
+
+def require_pretrained(config: Config) -> None:
+    if not config.model.pretrained:
+        raise ConfigError("model.pretrained is empty; give a Hugging Face hub id or a local directory")
+
+
+def check_tracker(config: TrackerConfig) -> None:
+    """Refuse a tracker whose package is missing before any process starts, not after a rendezvous."""
+    if config.name is TrackerName.none:
+        return
+    module, install = TRACKER_PACKAGES[config.name]
+    if importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"tracker.name={config.name.value} needs the {module} package: pip install {install} "
+            "(or run with tracker.name=none)"
+        )
+
+
+def check(config: Config) -> None:
+    """Raise ``ConfigError`` naming the first thing that keeps this run from starting."""
+    load_checks().check_config(config)
+    check_tracker(config.tracker)
+    if config.distributed.device is Device.cuda:  # e.g. CUDA asked for on a CPU machine
+        from .distributed import resolve_device  # torch: only a GPU run pays for its import here
+
+        resolve_device(config.distributed, local_rank=0)

@@ -1,0 +1,24 @@
+"""Pre-flight checks of image classification (see preflight.py): nothing heavy is imported here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import Config, ConfigError
+from ..preflight import require_path, require_pretrained
+
+
+def require_folder(key: str, value: str) -> None:
+    require_path(key, value)
+    if not Path(value).is_dir():
+        raise ConfigError(
+            f"{key}={value!r} is a file; for image classification it names a folder "
+            "with one sub-folder of images per class"
+        )
+
+
+def check_config(config: Config) -> None:
+    require_pretrained(config)
+    require_folder("data.train_file", config.data.train_file)
+    if config.data.val_file:
+        require_folder("data.val_file", config.data.val_file)

@@ -1,0 +1,13 @@
+"""Pre-flight checks of text classification (see preflight.py): nothing heavy is imported here."""
+
+from __future__ import annotations
+
+from ..config import Config
+from ..preflight import require_path, require_pretrained
+
+
+def check_config(config: Config) -> None:
+    require_pretrained(config)
+    require_path("data.train_file", config.data.train_file)
+    if config.data.val_file:
+        require_path("data.val_file", config.data.val_file)

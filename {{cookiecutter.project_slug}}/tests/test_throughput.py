@@ -1,0 +1,93 @@
+"""Speed reporting and the precision a run trains in: rates from host counts, FLOPs per token, peaks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from {{ cookiecutter.package_name }} import precision as precision_module
+from {{ cookiecutter.package_name }} import throughput as throughput_module
+from {{ cookiecutter.package_name }}.config import (
+    Precision,
+)
+from {{ cookiecutter.package_name }}.throughput import (
+    Throughput,
+    device_peak_flops,
+    training_flops_per_token,
+)
+
+CPU = torch.device("cpu")
+
+
+class TinyLM(nn.Module):
+    """An embedding table (64 x 8), one 8 x 8 layer, and an output layer tied to the table or not."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(64, 8)
+        self.layer = nn.Linear(8, 8, bias=False)
+        self.head = nn.Linear(8, 64, bias=False)
+        if tied:
+            self.head.weight = self.embed.weight
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.head
+
+
+def test_flops_per_token_count_products_not_look_ups() -> None:
+    assert training_flops_per_token(TinyLM(tied=False)) == 6 * (8 * 8 + 64 * 8)
+    assert training_flops_per_token(TinyLM(tied=True)) == 6 * (8 * 8 + 64 * 8)  # the table, as a product
+    mlp = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+    assert training_flops_per_token(mlp) == 6 * (4 * 3 + 3 + 3 * 2 + 2)
+
+
+def test_rates_come_from_the_summed_counts_and_exclude_pauses(monkeypatch) -> None:
+    clock = iter([100.0, 101.0, 103.0, 104.0])
+    monkeypatch.setattr(throughput_module.time, "perf_counter", lambda: next(clock))
+    meter = Throughput(flops_per_token=10.0, peak_flops=1000.0)  # starts at 100
+    meter.add(samples=32, tokens=500)
+    with meter.paused():  # 101 -> 103: not training time
+        pass
+    assert meter.local_counts() == [500.0, 0.0]
+    rates = meter.read(tokens=900.0, waited=0.5, world_size=2)  # at 104: 2 s of training
+    assert rates == {
+        "samples_per_s": 16.0,
+        "tokens_per_s": 450.0,
+        "data_wait_share": 0.125,  # 0.25 s per rank of 2 s
+        "mfu": 450.0 * 10.0 / (1000.0 * 2),
+    }
+
+
+def test_no_mfu_without_a_known_peak() -> None:
+    assert device_peak_flops(CPU, Precision.bf16, configured_tflops=0.0) == 0.0
+    assert device_peak_flops(CPU, Precision.bf16, configured_tflops=2.5) == 2.5e12
+    assert "mfu" not in Throughput().read(tokens=1.0, waited=0.0, world_size=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", Precision.bf16, 989.0),
+        ("NVIDIA H100 PCIe", Precision.bf16, 756.0),
+        ("NVIDIA A100-SXM4-40GB", Precision.fp32, 19.5),
+        ("Tesla T4", Precision.fp16, 65.0),
+        ("Some Future GPU", Precision.bf16, 0.0),
+    ],
+)
+def test_gpu_peaks_by_name(monkeypatch, name: str, precision: Precision, tflops: float) -> None:
+    monkeypatch.setattr(throughput_module.torch.cuda, "get_device_name", lambda device: name)
+    assert device_peak_flops(torch.device("cuda", 0), precision, 0.0) == tflops * 1e12
+
+
+def test_bf16_falls_back_to_fp32_where_the_hardware_lacks_it(monkeypatch) -> None:
+    monkeypatch.setattr(precision_module, "bf16_supported", lambda device: False)
+    assert precision_module.effective_precision(Precision.bf16, CPU) is Precision.fp32
+    assert precision_module.effective_precision(Precision.fp32, CPU) is Precision.fp32
+    assert "train.precision=fp32" in precision_module.fallback_warning(CPU)
+    monkeypatch.setattr(precision_module, "bf16_supported", lambda device: True)
+    assert precision_module.effective_precision(Precision.bf16, CPU) is Precision.bf16
+
+
+def test_bf16_support_is_answered_on_this_machine() -> None:
+    assert isinstance(precision_module.bf16_supported(CPU), bool)

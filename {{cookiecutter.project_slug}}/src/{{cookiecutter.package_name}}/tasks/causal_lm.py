@@ -38,7 +38,7 @@ from ..metrics import log
 FIELDS = ("text",)
 EVALUATION_SUMS = ("loss", "count")
 IGNORE_INDEX = -100  # label of padding: no loss
-TOKENIZE_CHUNK = 4096  # lines per tokenizer call: bounded memory on rank 0, whatever the file size
+TOKENIZE_CHUNK = 1024  # lines per tokenizer call: bounded memory on rank 0, whatever the file size
 
 
 class BlockDataset(Dataset):

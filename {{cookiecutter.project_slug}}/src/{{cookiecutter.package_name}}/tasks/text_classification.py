@@ -35,7 +35,7 @@ from ..metrics import log
 
 FIELDS = ("text", "label")
 CACHE_FORMAT = 2  # of the tokenization cache; part of its key, so an older cache is never read
-TOKENIZE_CHUNK = 4096  # lines per tokenizer call: bounded memory on rank 0, whatever the file size
+TOKENIZE_CHUNK = 1024  # lines per tokenizer call: bounded memory on rank 0, whatever the file size
 EVALUATION_SUMS = ("loss", "correct", "count")
 
 

@@ -91,3 +91,11 @@ def test_bf16_falls_back_to_fp32_where_the_hardware_lacks_it(monkeypatch) -> Non
 
 def test_bf16_support_is_answered_on_this_machine() -> None:
     assert isinstance(precision_module.bf16_supported(CPU), bool)
+
+
+@pytest.mark.parametrize(
+    ("capability", "native"), [((7, 0), False), ((7, 5), False), ((8, 0), True), ((9, 0), True)]
+)
+def test_bf16_on_gpus_from_ampere_on(monkeypatch, capability: tuple[int, int], native: bool) -> None:
+    monkeypatch.setattr(precision_module.torch.cuda, "get_device_capability", lambda device: capability)
+    assert precision_module.bf16_supported(torch.device("cuda", 0)) is native

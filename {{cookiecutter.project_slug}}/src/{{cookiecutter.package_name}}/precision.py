@@ -14,7 +14,7 @@ AUTOCAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16
 def bf16_supported(device: torch.device) -> bool:
     """Whether the hardware computes bf16 itself rather than emulating it (several times slower than fp32)."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)  # Ampere and newer
+        return torch.cuda.get_device_capability(device) >= (8, 0)  # Ampere and newer
     try:  # oneDNN's bf16 kernels need AVX-512 (or AMX / ARM's bf16); AVX2-only CPUs emulate it
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):

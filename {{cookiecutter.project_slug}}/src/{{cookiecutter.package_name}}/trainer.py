@@ -94,9 +94,8 @@ class Trainer:
         self.model = wrap_ddp(model, env, config.distributed)
         if train.compile:
             self.model = compile_model(self.model)
-        peak = device_peak_flops(env.device, self.precision, train.peak_tflops)
-        self.flops_per_token = training_flops_per_token(model) if peak else 0.0
-        self.peak_flops = peak
+        self.peak_flops = device_peak_flops(env.device, self.precision, train.peak_tflops)
+        self.flops_per_token = training_flops_per_token(model) if self.peak_flops else 0.0
         self.last_eval: dict[str, float] = {}
         self.throughput = Throughput()
         self.bar = tqdm(disable=True)  # replaced by fit()'s progress bar
@@ -211,11 +210,11 @@ class Trainer:
     def log_training(self, loss: torch.Tensor) -> None:
         """The only host synchronisation of the loop: every ``train.log_every_steps`` steps, one all-reduce
         of the loss and every rank's token and data-wait counts."""
+        world_size = self.env.world_size
         counts = torch.tensor(self.throughput.local_counts(), dtype=torch.float64, device=self.env.device)
-        summed = all_reduce_sum(torch.cat([loss.double().view(1), counts])).tolist()
-        mean_loss, world_size = summed[0] / self.env.world_size, self.env.world_size
-        lr = self.scheduler.get_last_lr()[0]
-        speed = self.throughput.read(tokens=summed[1], waited=summed[2], world_size=world_size)
+        loss_sum, tokens, waited = all_reduce_sum(torch.cat([loss.double().view(1), counts])).tolist()
+        mean_loss, lr = loss_sum / world_size, self.scheduler.get_last_lr()[0]
+        speed = self.throughput.read(tokens=tokens, waited=waited, world_size=world_size)
         record = {"step": self.state.step, "epoch": self.epoch_progress(), "loss": mean_loss, "lr": lr}
         self.metrics.write({**record, **speed})
         self.bar.set_postfix(

@@ -1,0 +1,179 @@
+"""The bench: ``python bench/run.py [--rounds 3] [--workloads fixed,variable,causal] [--quick]``.
+
+Renders the generated projects, builds each workload's checkpoint and data, then runs every runner on
+every workload, interleaved round by round, and prints one table per workload plus the targets. Results
+(Markdown and the raw JSON) go to bench/results/, named by date and machine; --quick runs a few steps
+of each for a smoke test and writes under build/bench/ instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import analysis
+import report
+import runs
+from workloads import SEED, WORKLOADS, build_inputs, quick, training_samples
+
+REPO = Path(__file__).resolve().parents[1]
+SETTLE_S = 2.0  # idle seconds before each run: the previous job's exit does not overlap the next launch
+
+
+def cpu_has_bf16() -> bool:
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def render_project(model_type: str, directory: Path) -> Path:
+    from cookiecutter.main import cookiecutter
+
+    slug = f"bench-{model_type}"
+    answers = {"project_name": slug, "project_slug": slug, "model_type": model_type}
+    answers |= {"gpus_per_node": "0", "backend": "gloo", "precision": "bf16"}
+    return Path(
+        cookiecutter(
+            str(REPO),
+            no_input=True,
+            extra_context=answers,
+            output_dir=str(directory),
+            overwrite_if_exists=True,
+        )
+    )
+
+
+def measure_run(job, timeline, workload, full_steps: int, tokens_per_sample: float) -> dict:
+    result = {"returncode": job.returncode, "wall_s": job.wall_s if timeline else None}
+    result |= {"rss0": job.peak_rss_mb.get(0), "rss1": job.peak_rss_mb.get(1)}
+    if timeline is None:
+        return result
+    if max(timeline.steps) < full_steps or not timeline.evals:
+        return result | {"wall_s": None, "error": f"ended at step {max(timeline.steps)} of {full_steps}"}
+    window = analysis.steady_window(timeline, full_steps)
+    speed = analysis.steady_samples_per_s(timeline, window, workload.batch_size * runs.WORLD_SIZE)
+    return result | {
+        "samples_per_s": speed,
+        "tokens_per_s": speed * tokens_per_sample,
+        "first_step_s": analysis.first_step_s(timeline, job.launched),
+        "final_metric": analysis.final_metric(timeline, workload.metric),
+        "steady_window": window,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--runners", default=",".join(runs.RUNNERS))
+    parser.add_argument("--quick", action="store_true", help="a few steps each: a smoke test, not numbers")
+    parser.add_argument("--work-dir", type=Path, default=REPO / "build" / "bench")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds a single run may take")
+    parser.add_argument("--report", type=Path, help="only rewrite the .md of a results .json")
+    args = parser.parse_args(argv)
+    if args.report:
+        return rewrite_report(args.report)
+    workloads = [WORKLOADS[name] for name in args.workloads.split(",")]
+    workloads = [quick(w) for w in workloads] if args.quick else workloads
+    runners = args.runners.split(",")
+    precision = "bf16" if cpu_has_bf16() else "fp32"  # the same for every runner
+    work = args.work_dir
+    projects = {t: render_project(t, work / "projects") for t in sorted({w.model_type for w in workloads})}
+    prepared = {}
+    for workload in workloads:
+        inputs = build_inputs(workload, work / "inputs" / workload.name)
+        samples, tokens_per_sample = training_samples(workload, inputs)
+        full_steps = samples // runs.WORLD_SIZE // workload.batch_size
+        prepared[workload.name] = (inputs, full_steps, tokens_per_sample)
+    print(
+        f"precision {precision}; {args.rounds} round(s), {len(runners)} runners, {len(workloads)} workloads"
+    )
+
+    results: list[dict] = []
+    for round_ in range(args.rounds):
+        order = runners[round_ % len(runners) :] + runners[: round_ % len(runners)]
+        for workload in workloads:
+            inputs, full_steps, tokens_per_sample = prepared[workload.name]
+            timelines = {}
+            for runner in order:
+                if runner == "trainer-grouped" and workload.name != "variable":
+                    continue  # the opt-in only changes anything where lengths vary
+                time.sleep(SETTLE_S)
+                directory = work / "runs" / f"round{round_}" / workload.name / runner
+                job, timeline = runs.run(
+                    runner,
+                    workload,
+                    inputs,
+                    projects[workload.model_type],
+                    precision,
+                    SEED + round_,
+                    directory,
+                    args.timeout,
+                )
+                result = {"round": round_, "workload": workload.name, "runner": runner, "log": str(directory)}
+                result |= measure_run(job, timeline, workload, full_steps, tokens_per_sample)
+                timelines[runner] = (job, timeline)
+                results.append(result)
+                failure = result.get("error", f"exit {job.returncode}")
+                state = (
+                    "ok"
+                    if result["wall_s"] is not None
+                    else f"FAILED ({failure}, see {directory / 'log.txt'})"
+                )
+                print(
+                    f"round {round_ + 1} {workload.name:<8} {runner:<16} {job.wall_s:6.1f} s  {state}",
+                    flush=True,
+                )
+            add_time_to_target(results, timelines, workload, round_)
+
+    about = report.machine(precision)
+    text = report.markdown(results, workloads, runners, about, args.rounds)
+    print("\n" + text)
+    out_dir = work / "results" if args.quick else REPO / "bench" / "results"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = (
+        f"{about['date']}-{re.sub(r'[^a-z0-9]+', '-', about['cpu'].lower()).strip('-')}-{about['cores']}cores"
+    )
+    (out_dir / f"{stem}.md").write_text(text, encoding="utf-8")
+    (out_dir / f"{stem}.json").write_text(json.dumps({"machine": about, "runs": results}, indent=1))
+    print(f"written: {out_dir / stem}.md and .json")
+    return 0 if all(r["wall_s"] is not None for r in results) else 1
+
+
+def rewrite_report(results_file: Path) -> int:
+    """The table of a finished bench again, from its raw numbers (e.g. after a change to report.py)."""
+    saved = json.loads(results_file.read_text(encoding="utf-8"))
+    runs_done = saved["runs"]
+    names = list(dict.fromkeys(run["workload"] for run in runs_done))
+    runners = list(dict.fromkeys(run["runner"] for run in runs_done))
+    rounds = len({run["round"] for run in runs_done})
+    text = report.markdown(runs_done, [WORKLOADS[n] for n in names], runners, saved["machine"], rounds)
+    results_file.with_suffix(".md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+def add_time_to_target(results: list[dict], timelines: dict, workload, round_: int) -> None:
+    """Time to the plain loop's final metric of this round, for every runner of the round."""
+    if workload.eval_every_steps == 0 or "plain" not in timelines or timelines["plain"][1] is None:
+        return
+    target = analysis.final_metric(timelines["plain"][1], workload.metric)
+    for result in results:
+        if result["round"] == round_ and result["workload"] == workload.name:
+            job, timeline = timelines[result["runner"]]
+            if timeline is not None:
+                result["target"] = target
+                result["time_to_target_s"] = analysis.time_to_target(
+                    timeline, job.launched, workload.metric, target, workload.higher_is_better
+                )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The three workloads, as one declarative table, and the identical settings every runner gets."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import assets
+from transformers import AutoTokenizer
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    model_type: str  # of the generated project that runs it
+    metric: str  # the eval metric reported; time-to-target uses it on "variable"
+    higher_is_better: bool
+    train_size: int
+    val_size: int
+    words: tuple[int, int]  # words per text (classification); low == high: fixed length
+    max_length: int
+    batch_size: int  # per process
+    epochs: int
+    lr: float
+    eval_every_steps: int  # 0: only at the end
+    log_every_steps: int  # the project's; divides eval_every_steps (an evaluation starts at a record)
+    hidden: int
+    layers: int
+
+
+WORKLOADS = {
+    "fixed": Workload(
+        name="fixed",
+        title="(a) text classification, fixed length (pure overhead)",
+        model_type="text-classification",
+        metric="eval_accuracy",
+        higher_is_better=True,
+        train_size=4096,
+        val_size=512,
+        words=(80, 80),  # truncated to max_length: every sample is exactly 64 tokens
+        max_length=64,
+        batch_size=16,
+        epochs=3,
+        lr=1e-3,
+        eval_every_steps=0,
+        log_every_steps=8,
+        hidden=64,
+        layers=2,
+    ),
+    "variable": Workload(
+        name="variable",
+        title="(b) text classification, variable length (realistic padding)",
+        model_type="text-classification",
+        metric="eval_accuracy",
+        higher_is_better=True,
+        train_size=4096,
+        val_size=512,
+        words=(6, 250),  # log-uniform: many short texts, a long tail
+        max_length=256,
+        batch_size=16,
+        epochs=2,
+        lr=1e-3,
+        eval_every_steps=32,
+        log_every_steps=8,
+        hidden=64,
+        layers=2,
+    ),
+    "causal": Workload(
+        name="causal",
+        title="(c) causal LM, packed blocks",
+        model_type="causal-lm",
+        metric="eval_perplexity",
+        higher_is_better=False,
+        train_size=3000,
+        val_size=200,
+        words=(0, 0),
+        max_length=128,
+        batch_size=8,
+        epochs=3,
+        lr=2e-3,
+        eval_every_steps=0,
+        log_every_steps=8,
+        hidden=64,
+        layers=2,
+    ),
+}
+SEED = 42  # of the data; the training seed is SEED + round, the same for every runner of a round
+WARMUP_RATIO = 0.06
+WEIGHT_DECAY = 0.01
+MAX_GRAD_NORM = 1.0
+EVAL_BATCH_SIZE = 32
+
+
+def quick(workload: Workload) -> Workload:
+    """A few steps of the same workload: for the bench's own smoke test, not for numbers."""
+    return replace(
+        workload,
+        train_size=256,
+        val_size=64,
+        epochs=1,
+        eval_every_steps=4 if workload.eval_every_steps else 0,
+        log_every_steps=2,
+    )
+
+
+def build_inputs(workload: Workload, directory: Path) -> dict[str, str]:
+    """Checkpoint and data of the workload, under ``directory``: {model, train_file, val_file}."""
+    directory.mkdir(parents=True, exist_ok=True)
+    assets.quiet()
+    if workload.model_type == "causal-lm":
+        model = assets.build_causal_lm(
+            directory / "model", workload.hidden, workload.layers, workload.max_length
+        )
+        train, val = assets.build_causal_data(directory, workload.train_size, workload.val_size, SEED)
+    else:
+        model = assets.build_classifier(directory / "model", workload.hidden, workload.layers, 256)
+        train, val = assets.build_classification_data(
+            directory, workload.train_size, workload.val_size, workload.words, SEED
+        )
+    return {"model": str(model), "train_file": str(train), "val_file": str(val)}
+
+
+def training_samples(workload: Workload, inputs: dict[str, str]) -> tuple[int, float]:
+    """(samples, mean real tokens per sample) of the training set, as every runner tokenizes it."""
+    tokenizer = AutoTokenizer.from_pretrained(inputs["model"])
+    texts = [json.loads(line)["text"] for line in Path(inputs["train_file"]).read_text().splitlines()]
+    if workload.model_type == "causal-lm":
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        stream = sum(len(document) + 1 for document in ids)  # each document and its end token
+        size = workload.max_length
+        return (stream - size) // (size - 1) + 1, float(size)
+    ids = tokenizer(texts, truncation=True, max_length=workload.max_length)["input_ids"]
+    return len(ids), sum(map(len, ids)) / len(ids)
+
+
+def runner_spec(
+    workload: Workload, inputs: dict[str, str], precision: str, seed: int, timeline: Path
+) -> dict[str, Any]:
+    """What a hand-written runner reads: the same settings the project gets as overrides."""
+    return {
+        "task": workload.model_type,
+        **inputs,
+        "max_length": workload.max_length,
+        "batch_size": workload.batch_size,
+        "eval_batch_size": EVAL_BATCH_SIZE,
+        "epochs": workload.epochs,
+        "lr": workload.lr,
+        "warmup_ratio": WARMUP_RATIO,
+        "weight_decay": WEIGHT_DECAY,
+        "max_grad_norm": MAX_GRAD_NORM,
+        "precision": precision,
+        "eval_every_steps": workload.eval_every_steps,
+        "seed": seed,
+        "timeline": str(timeline),
+    }
+
+
+def project_overrides(
+    workload: Workload, inputs: dict[str, str], precision: str, seed: int, output: Path
+) -> list[str]:
+    """The same settings as key=value overrides of the generated project; the rest are its defaults."""
+    return [
+        f"model.pretrained={inputs['model']}",
+        f"data.train_file={inputs['train_file']}",
+        f"data.val_file={inputs['val_file']}",
+        f"data.max_length={workload.max_length}",
+        f"data.batch_size={workload.batch_size}",
+        f"data.eval_batch_size={EVAL_BATCH_SIZE}",
+        f"train.epochs={workload.epochs}",
+        f"train.lr={workload.lr}",
+        f"train.warmup_ratio={WARMUP_RATIO}",
+        f"train.weight_decay={WEIGHT_DECAY}",
+        f"train.max_grad_norm={MAX_GRAD_NORM}",
+        f"train.precision={precision}",
+        f"train.eval_every_steps={workload.eval_every_steps}",
+        f"train.log_every_steps={workload.log_every_steps}",
+        f"seed={seed}",
+        f"output_dir={output}",
+    ]

@@ -43,11 +43,11 @@ def evaluation_time(timeline: Timeline, from_step: int, to_step: int) -> float:
     return sum(e["end"] - e["start"] for e in timeline.evals if from_step <= e["step"] < to_step)
 
 
-def steady_window(timeline: Timeline, full_steps: int, warmup_share: float = 0.25) -> tuple[int, int]:
-    """(first, last) logged steps bounding the steady state: past the first quarter, up to the last
-    step whose batch is complete."""
-    logged = sorted(step for step in timeline.steps if step <= full_steps)
-    start = next(step for step in logged if step >= warmup_share * full_steps)
+def steady_window(timeline: Timeline, epoch_steps: int, warmup_share: float = 0.25) -> tuple[int, int]:
+    """(first, last) logged steps bounding the steady state: the first epoch (its ``epoch_steps`` complete
+    batches) past its first quarter. No checkpoint of the project falls inside: it saves at epoch ends."""
+    logged = sorted(step for step in timeline.steps if step <= epoch_steps)
+    start = next(step for step in logged if step >= warmup_share * epoch_steps)
     return start, logged[-1]
 
 

@@ -50,14 +50,18 @@ def render_project(model_type: str, directory: Path) -> Path:
     )
 
 
-def measure_run(job, timeline, workload, full_steps: int, tokens_per_sample: float) -> dict:
-    result = {"returncode": job.returncode, "wall_s": job.wall_s if timeline else None}
+def measure_run(job, timeline, workload, epoch_steps: int, tokens_per_sample: float) -> dict:
+    result = {
+        "returncode": job.returncode,
+        "wall_s": job.wall_s if timeline else None,
+        "launched": job.launched,
+    }
     result |= {"rss0": job.peak_rss_mb.get(0), "rss1": job.peak_rss_mb.get(1)}
     if timeline is None:
         return result
-    if max(timeline.steps) < full_steps or not timeline.evals:
-        return result | {"wall_s": None, "error": f"ended at step {max(timeline.steps)} of {full_steps}"}
-    window = analysis.steady_window(timeline, full_steps)
+    if max(timeline.steps) < epoch_steps or not timeline.evals:
+        return result | {"wall_s": None, "error": f"ended at step {max(timeline.steps)} of {epoch_steps}"}
+    window = analysis.steady_window(timeline, epoch_steps)
     speed = analysis.steady_samples_per_s(timeline, window, workload.batch_size * runs.WORLD_SIZE)
     return result | {
         "samples_per_s": speed,
@@ -90,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     for workload in workloads:
         inputs = build_inputs(workload, work / "inputs" / workload.name)
         samples, tokens_per_sample = training_samples(workload, inputs)
-        full_steps = samples // runs.WORLD_SIZE // workload.batch_size
-        prepared[workload.name] = (inputs, full_steps, tokens_per_sample)
+        epoch_steps = samples // runs.WORLD_SIZE // workload.batch_size
+        prepared[workload.name] = (inputs, epoch_steps, tokens_per_sample)
     print(
         f"precision {precision}; {args.rounds} round(s), {len(runners)} runners, {len(workloads)} workloads"
     )
@@ -100,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.rounds):
         order = runners[round_ % len(runners) :] + runners[: round_ % len(runners)]
         for workload in workloads:
-            inputs, full_steps, tokens_per_sample = prepared[workload.name]
+            inputs, epoch_steps, tokens_per_sample = prepared[workload.name]
             timelines = {}
             for runner in order:
                 if runner == "trainer-grouped" and workload.name != "variable":
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.timeout,
                 )
                 result = {"round": round_, "workload": workload.name, "runner": runner, "log": str(directory)}
-                result |= measure_run(job, timeline, workload, full_steps, tokens_per_sample)
+                result |= measure_run(job, timeline, workload, epoch_steps, tokens_per_sample)
                 timelines[runner] = (job, timeline)
                 results.append(result)
                 failure = result.get("error", f"exit {job.returncode}")

@@ -34,7 +34,7 @@ def timeline() -> analysis.Timeline:
 
 def test_steady_state_rate_leaves_evaluation_out() -> None:
     line = timeline()
-    assert analysis.steady_window(line, full_steps=10) == (3, 10)
+    assert analysis.steady_window(line, epoch_steps=10) == (3, 10)
     assert analysis.steady_samples_per_s(line, (3, 10), samples_per_step=32) == pytest.approx(32.0)
 
 

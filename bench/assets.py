@@ -66,11 +66,14 @@ def word_tokenizer(words: list[str], bert_style: bool, max_length: int) -> PreTr
     )
 
 
-def classification_text(rng: random.Random, filler: list[str], keywords: dict[str, list[str]], words: int):
-    """``words`` filler words with one keyword of a random class at a random place: the label."""
+def classification_text(
+    rng: random.Random, filler: list[str], keywords: dict[str, list[str]], words: int, mentions: int
+):
+    """``words`` filler words with ``mentions`` keywords of a random class at random places: the label."""
     label = rng.choice(CLASSES)
     text = [rng.choice(filler) for _ in range(words)]
-    text[rng.randrange(min(words, 60))] = rng.choice(keywords[label])  # inside any truncation
+    for place in rng.sample(range(min(words, 60)), min(mentions, words)):  # inside any truncation
+        text[place] = rng.choice(keywords[label])
     return " ".join(text), label
 
 
@@ -102,9 +105,10 @@ def build_classifier(directory: Path, hidden: int, layers: int, max_length: int)
 
 
 def build_classification_data(
-    directory: Path, train: int, val: int, words: tuple[int, int], seed: int
+    directory: Path, train: int, val: int, words: tuple[int, int], mentions: int, seed: int
 ) -> tuple[Path, Path]:
-    """``words``: (low, high) words per text; low == high gives fixed-length texts."""
+    """``words``: (low, high) words per text, low == high gives fixed-length texts; ``mentions``: how
+    often the class keyword appears in each (at most once per word)."""
     filler, keywords = vocabulary()
     rng = random.Random(seed)
     paths = []
@@ -112,7 +116,7 @@ def build_classification_data(
         rows = []
         for _ in range(count):
             length = words[0] if words[0] == words[1] else log_uniform_length(rng, *words)
-            text, label = classification_text(rng, filler, keywords, length)
+            text, label = classification_text(rng, filler, keywords, length, mentions)
             rows.append({"text": text, "label": label})
         paths.append(directory / f"{name}.jsonl")
         write_jsonl(paths[-1], rows)

@@ -11,6 +11,9 @@ from {{ cookiecutter.package_name }} import throughput as throughput_module
 from {{ cookiecutter.package_name }}.config import (
     Precision,
 )
+from {{ cookiecutter.package_name }}.model import (
+    has_training_state_buffers,
+)
 from {{ cookiecutter.package_name }}.throughput import (
     Throughput,
     device_peak_flops,
@@ -99,3 +102,16 @@ def test_bf16_support_is_answered_on_this_machine() -> None:
 def test_bf16_on_gpus_from_ampere_on(monkeypatch, capability: tuple[int, int], native: bool) -> None:
     monkeypatch.setattr(precision_module.torch.cuda, "get_device_capability", lambda device: capability)
     assert precision_module.bf16_supported(torch.device("cuda", 0)) is native
+
+
+class WithConstantBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+        self.register_buffer("position_ids", torch.arange(4), persistent=False)
+
+
+def test_ddp_broadcasts_buffers_only_where_they_hold_training_state() -> None:
+    assert has_training_state_buffers(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
+    assert not has_training_state_buffers(WithConstantBuffer())
+    assert not has_training_state_buffers(nn.Linear(4, 4))

@@ -142,11 +142,11 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def all_reduce_max_cpu(tensor: torch.Tensor) -> torch.Tensor:
-    """Element-wise max across ranks of a CPU tensor."""
-    if is_distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_cpu_group)
-    return tensor
+def start_all_reduce_max_cpu(tensor: torch.Tensor) -> dist.Work | None:
+    """Start an element-wise max across ranks of a CPU tensor, in place; wait() on the result, if any."""
+    if not is_distributed():
+        return None
+    return dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_cpu_group, async_op=True)
 
 
 def broadcast_object(value: Any, env: DistEnv) -> Any:

@@ -23,7 +23,16 @@ def wrap_ddp(model: nn.Module, env: DistEnv, config: DistributedConfig) -> nn.Mo
         find_unused_parameters=config.find_unused_parameters,
         gradient_as_bucket_view=config.gradient_as_bucket_view,
         static_graph=config.static_graph,
+        broadcast_buffers=has_training_state_buffers(model),
     )
+
+
+def has_training_state_buffers(model: nn.Module) -> bool:
+    """Whether the model has buffers that are part of its state (BatchNorm's running statistics): DDP
+    then copies rank 0's to the others before every forward. Transformers' buffers (position ids,
+    attention masks) are constants kept out of the state dict, and re-sending them each step costs
+    as much as a layer's forward on a small model."""
+    return bool({name for name, _ in model.named_buffers()} & model.state_dict().keys())
 
 
 def compile_model(model: nn.Module) -> nn.Module:

@@ -1,9 +1,10 @@
 """Preemption: stop at a step boundary that every rank agrees on, after one checkpoint.
 
 SIGTERM (a cancelled job, a Kubernetes eviction) and SIGUSR1 (SLURM's warning before the time limit, see
-``#SBATCH --signal``) only set a flag. At each optimizer step the ranks OR their flags together, so they
+``#SBATCH --signal``) only set a flag. After each optimizer step the ranks OR their flags together, so they
 all stop after the same step even though the signal reaches them at different moments; then they save
-one checkpoint and exit. Running the same command again resumes from it.
+one checkpoint and exit. Running the same command again resumes from it. The vote of one step travels
+while the next step computes and is read after it: the stop comes one step later, and no step waits.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from types import FrameType
 
 import torch
 
-from .distributed import all_reduce_max_cpu
+from .distributed import start_all_reduce_max_cpu
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 # What ``python -m <package>`` returns after a preemption when it runs alone (EX_TEMPFAIL: "try again").
@@ -35,6 +36,8 @@ class PreemptionWatch:
 
     def __init__(self) -> None:
         self.received: str | None = None
+        self.vote = torch.zeros(1, dtype=torch.int32)
+        self.vote_in_flight: torch.distributed.Work | None = None
         for number in SIGNALS:
             signal.signal(number, self._record)
 
@@ -42,9 +45,24 @@ class PreemptionWatch:
         self.received = signal.Signals(number).name
 
     def agreed(self) -> bool:
-        """True on every rank as soon as any rank received a signal. A collective: call it on all ranks."""
-        flag = torch.tensor([1 if self.received else 0], dtype=torch.int32)
-        return bool(all_reduce_max_cpu(flag).item())
+        """True on every rank, at the same step, once a rank received a signal before the previous call.
+
+        A collective: call it on all ranks after every step, and ``settle()`` once the loop ends.
+        """
+        if self.vote_in_flight is not None:
+            self.vote_in_flight.wait()  # sent a step ago: long done
+            self.vote_in_flight = None
+        decided = bool(self.vote.item())
+        if not decided:
+            self.vote = torch.tensor([1 if self.received else 0], dtype=torch.int32)
+            self.vote_in_flight = start_all_reduce_max_cpu(self.vote)
+        return decided
+
+    def settle(self) -> None:
+        """Wait for the vote still travelling, so no collective outlives the loop."""
+        if self.vote_in_flight is not None:
+            self.vote_in_flight.wait()
+            self.vote_in_flight = None
 
     def signal_name(self) -> str:
         return self.received or "a signal on another rank"

@@ -134,6 +134,7 @@ class Trainer:
             self.throughput = Throughput(self.flops_per_token, self.peak_flops)
             while not self.finished():
                 self.run_epoch()
+            self.preemption.settle()
 
     def finished(self) -> bool:
         return self.state.step >= self.total_steps or self.state.epoch >= self.config.train.epochs

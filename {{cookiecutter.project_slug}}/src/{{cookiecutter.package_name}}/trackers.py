@@ -86,11 +86,14 @@ def is_evaluation(record: dict[str, Any]) -> bool:
 
 
 def tracked_values(record: dict[str, Any]) -> tuple[int, dict[str, float]]:
-    """The step and the numbers of a metrics record, named train/<key> or eval/<key>."""
+    """The step and the numbers of a metrics record, named train/<key> or eval/<key>.
+
+    The record's wall-clock ``time`` stays out: every tracker stamps its points itself.
+    """
     values = {}
     evaluation = is_evaluation(record)
     for key, value in record.items():
-        if key == "step" or isinstance(value, bool) or not isinstance(value, int | float):
+        if key in ("step", "time") or isinstance(value, bool) or not isinstance(value, int | float):
             continue
         values[f"eval/{key.removeprefix('eval_')}" if evaluation else f"train/{key}"] = float(value)
     return int(record["step"]), values

@@ -140,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     about = report.machine(precision)
     text = report.markdown(results, workloads, runners, about, args.rounds)
     print("\n" + text)
-    out_dir = work / "results" if args.quick else REPO / "bench" / "results"
+    complete = not args.quick and set(args.workloads.split(",")) == set(WORKLOADS)
+    complete = complete and set(runners) == set(runs.RUNNERS) and args.rounds >= 3
+    # Only a complete bench is a result to commit; a partial one must not replace the day's complete one.
+    out_dir = REPO / "bench" / "results" if complete else work / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = (
         f"{about['date']}-{re.sub(r'[^a-z0-9]+', '-', about['cpu'].lower()).strip('-')}-{about['cores']}cores"

@@ -5,7 +5,8 @@ the same work. ``torchrun ... hf_trainer.py spec.json``; with "grouped" in the s
 from __future__ import annotations
 
 import os
-import tempfile
+import sys
+from pathlib import Path
 
 import common
 import numpy as np
@@ -35,7 +36,7 @@ def main() -> None:
     causal = spec["task"] == "causal-lm"
     every = spec["eval_every_steps"]
     arguments = TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="bench-trainer-"),
+        output_dir=str(Path(sys.argv[1]).parent / "trainer-output"),  # saves nothing, in the run directory
         per_device_train_batch_size=spec["batch_size"],
         per_device_eval_batch_size=spec["eval_batch_size"],
         learning_rate=spec["lr"],

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from {{ cookiecutter.package_name }} import precision as precision_module
 from {{ cookiecutter.package_name }} import throughput as throughput_module
 from {{ cookiecutter.package_name }}.config import (
+    DistributedConfig,
     Precision,
 )
+from {{ cookiecutter.package_name }}.distributed import DistEnv
 from {{ cookiecutter.package_name }}.model import (
     has_training_state_buffers,
+    wrap_ddp,
 )
 from {{ cookiecutter.package_name }}.throughput import (
     Throughput,
@@ -115,3 +121,16 @@ def test_ddp_broadcasts_buffers_only_where_they_hold_training_state() -> None:
     assert has_training_state_buffers(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)))
     assert not has_training_state_buffers(WithConstantBuffer())
     assert not has_training_state_buffers(nn.Linear(4, 4))
+
+
+def test_ddp_is_told_which_buffers_to_sync_without_a_deprecation_warning(tmp_path) -> None:
+    env = DistEnv(rank=0, local_rank=0, world_size=1, device=CPU)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            batch_norm = wrap_ddp(nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4)), env, DistributedConfig())
+            constant = wrap_ddp(WithConstantBuffer(), env, DistributedConfig())
+        assert batch_norm.broadcast_buffers and not constant.broadcast_buffers
+    finally:
+        dist.destroy_process_group()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -23,8 +24,16 @@ def wrap_ddp(model: nn.Module, env: DistEnv, config: DistributedConfig) -> nn.Mo
         find_unused_parameters=config.find_unused_parameters,
         gradient_as_bucket_view=config.gradient_as_bucket_view,
         static_graph=config.static_graph,
-        broadcast_buffers=has_training_state_buffers(model),
+        **_buffer_sync(has_training_state_buffers(model)),
     )
+
+
+def _buffer_sync(before_each_forward: bool) -> dict[str, bool]:
+    """DDP's option to re-send rank 0's buffers before each forward, under its name in this torch: 2.13
+    renamed ``broadcast_buffers`` to ``forward_sync_buffers`` and warns on every rank at the old one."""
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return {"forward_sync_buffers": before_each_forward}
+    return {"broadcast_buffers": before_each_forward}
 
 
 def has_training_state_buffers(model: nn.Module) -> bool:

@@ -38,6 +38,7 @@ def fake_bin(tmp_path: Path) -> Path:
     (bin_dir / "torchrun").write_text(
         '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n'
         'grep "^SigIgn:" /proc/$$/status\n'  # the signals it ignores
+        'echo "MALLOC=${MALLOC_MMAP_THRESHOLD_:-}/${MALLOC_TRIM_THRESHOLD_:-}"\n'
         'echo "OMP=$OMP_NUM_THREADS"\n'
     )
     (bin_dir / "python").write_text(
@@ -62,6 +63,9 @@ def launch(fake_bin: Path, *args: str, **env: str) -> subprocess.CompletedProces
             "MAX_RESTARTS",
             "CUDA_VISIBLE_DEVICES",
             "OMP_NUM_THREADS",
+            "MALLOC_MMAP_THRESHOLD_",
+            "MALLOC_TRIM_THRESHOLD_",
+            "GLIBC_TUNABLES",
             "RUN_ID",
             *OPERATOR_ENV,
             "PET_MASTER_ADDR",
@@ -171,6 +175,14 @@ def test_omp_threads_are_set_for_the_processes(fake_bin: Path) -> None:
     else:
         assert threads == 1
     assert launch(fake_bin, NPROC_PER_NODE="2", OMP_NUM_THREADS="5").stdout.splitlines()[-1] == "OMP=5"
+
+
+def test_malloc_starts_tuned_unless_the_environment_tunes_it(fake_bin: Path) -> None:
+    assert "MALLOC=33554432/67108864" in launch(fake_bin, NPROC_PER_NODE="2").stdout.splitlines()
+    mine = launch(fake_bin, NPROC_PER_NODE="2", MALLOC_TRIM_THRESHOLD_="0").stdout.splitlines()
+    assert "MALLOC=/0" in mine
+    tunables = launch(fake_bin, NPROC_PER_NODE="2", GLIBC_TUNABLES="glibc.malloc.arena_max=2")
+    assert "MALLOC=/" in tunables.stdout.splitlines()
 
 
 @gpu_project

@@ -18,45 +18,61 @@ def _env(rank: int, world_size: int) -> DistEnv:
     return DistEnv(rank=rank, local_rank=rank, world_size=world_size, device=CPU)
 
 
-def _shards(size: int, world_size: int, epoch: int = 0) -> list[list[int]]:
+def _shards(size: int, world_size: int, epoch: int = 0, batch: int | None = None) -> list[list[int]]:
     shards = []
     for rank in range(world_size):
-        sampler = ResumableDistributedSampler(range(size), _env(rank, world_size), seed=7)
+        sampler = ResumableDistributedSampler(
+            range(size), _env(rank, world_size), seed=7, global_batch=batch or world_size
+        )
         sampler.set_epoch(epoch)
         shards.append(list(sampler))
     return shards
 
 
-@pytest.mark.parametrize(("size", "world_size"), [(100, 2), (101, 2), (101, 3), (10, 4)])
-def test_training_shards_are_disjoint_and_cover_all_but_the_remainder(size: int, world_size: int) -> None:
-    shards = _shards(size, world_size)
+@pytest.mark.parametrize(
+    ("size", "world_size", "batch"), [(100, 2, 2), (101, 2, 8), (101, 3, 12), (10, 4, 4)]
+)
+def test_training_shards_are_disjoint_and_cover_whole_global_batches(
+    size: int, world_size: int, batch: int
+) -> None:
+    shards = _shards(size, world_size, batch=batch)
     seen = [index for shard in shards for index in shard]
     assert len(seen) == len(set(seen)), "a sample is on two ranks"
     assert len({len(shard) for shard in shards}) == 1, "ranks got different shard sizes"
-    assert len(seen) == size - size % world_size
+    assert len(seen) == size - size % batch
+
+
+def test_the_remainder_sits_out_a_different_set_each_epoch() -> None:
+    trained = [{i for shard in _shards(101, 2, epoch, batch=8) for i in shard} for epoch in (0, 1)]
+    left_out = [set(range(101)) - samples for samples in trained]
+    assert len(left_out[0]) == len(left_out[1]) == 101 % 8
+    assert left_out[0] != left_out[1]
+
+
+def test_a_global_batch_that_the_world_size_does_not_divide_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a multiple of world size 2"):
+        ResumableDistributedSampler(range(10), _env(0, 2), seed=7, global_batch=3)
 
 
 def test_every_epoch_has_its_own_order() -> None:
     assert _shards(64, 2, epoch=0) != _shards(64, 2, epoch=1)
 
 
-def test_global_batches_do_not_depend_on_the_world_size() -> None:
+@pytest.mark.parametrize("size", [64, 69])  # 69: neither the world sizes nor the global batch divide it
+def test_global_batches_do_not_depend_on_the_world_size(size: int) -> None:
     batch_per_rank = {1: 8, 2: 4, 4: 2}  # the same global batch of 8
-    global_batches = {}
-    for world_size, per_rank in batch_per_rank.items():
-        shards = _shards(64, world_size)
-        steps = len(shards[0]) // per_rank
-        global_batches[world_size] = [
-            sorted(i for shard in shards for i in shard[step * per_rank : (step + 1) * per_rank])
-            for step in range(steps)
-        ]
+    global_batches = {
+        world_size: _global_steps(_shards(size, world_size, batch=8), per_rank)
+        for world_size, per_rank in batch_per_rank.items()
+    }
     assert global_batches[1] == global_batches[2] == global_batches[4]
+    assert all(len(batch) == 8 for batch in global_batches[1])
 
 
 def test_start_at_skips_what_the_job_consumed() -> None:
     full = _shards(40, 2)
     for rank in range(2):
-        sampler = ResumableDistributedSampler(range(40), _env(rank, 2), seed=7)
+        sampler = ResumableDistributedSampler(range(40), _env(rank, 2), seed=7, global_batch=2)
         sampler.set_epoch(0)
         sampler.start_at(12)  # 12 samples consumed by the whole job: 6 per rank
         assert list(sampler) == full[rank][6:]
@@ -99,13 +115,17 @@ def _global_steps(shards: list[list[int]], per_rank: int) -> list[list[int]]:
 LENGTHS = [int(8 + 200 * (i * 7919 % 1000) / 1000) for i in range(1000)]  # 8..207, shuffled
 
 
-def test_grouped_batches_do_not_depend_on_the_world_size() -> None:
+@pytest.mark.parametrize("size", [1000, 1001, 995])
+def test_grouped_batches_do_not_depend_on_the_world_size(size: int) -> None:
+    lengths = (LENGTHS * 2)[:size]
     steps = {
-        world_size: _global_steps(_grouped_shards(LENGTHS, world_size, 16), 16 // world_size)
+        world_size: _global_steps(_grouped_shards(lengths, world_size, 16), 16 // world_size)
         for world_size in (1, 2, 4)
     }
     assert steps[1] == steps[2] == steps[4]
-    assert sorted(i for step in steps[2] for i in step) == list(range(1000))  # each sample once
+    assert all(len(step) == 16 for step in steps[1])
+    seen = [i for step in steps[2] for i in step]
+    assert len(seen) == len(set(seen)) == size - size % 16  # each sample at most once
 
 
 def test_grouping_cuts_padding_and_keeps_the_order_random() -> None:
@@ -120,12 +140,10 @@ def test_grouping_cuts_padding_and_keeps_the_order_random() -> None:
     assert means != sorted(means, reverse=True)  # batches are shuffled, not sorted longest first
 
 
-def test_the_longest_sample_comes_first_and_a_short_last_batch_stays_last() -> None:
-    lengths = LENGTHS[:996]  # 996 samples: 62 full global batches of 16 and one of 4
+def test_the_longest_sample_of_the_epoch_comes_first() -> None:
+    lengths = LENGTHS[:996]  # 62 global batches of 16; 4 samples sit out
     single = _grouped_shards(lengths, 1, 16)[0]
-    assert max(lengths[i] for i in single[:16]) == max(lengths)
-    tail = single[-4:]
-    assert len(_global_steps([single], 16)[-1]) == 4 and sorted(tail) == _global_steps([single], 16)[-1]
+    assert max(lengths[i] for i in single[:16]) == max(lengths[i] for i in single)
 
 
 def test_grouped_sampler_resumes_mid_epoch() -> None:

@@ -82,6 +82,16 @@ def test_config_error_ends_launch_in_one_line(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+@pytest.mark.shared_core
+def test_a_training_set_smaller_than_one_global_batch_ends_launch_in_one_line(demo, tmp_path: Path) -> None:
+    result = run_launch([*demo[1], "data.batch_size=100000", f"output_dir={tmp_path}"])
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "fewer than one global batch of 200000" in errors[0], errors
+    assert "lower data.batch_size" in errors[0]
+    assert not (tmp_path / "checkpoints").exists()
+
+
 def run_on_a_terminal(args: list[str], timeout: float = 300) -> tuple[int, str]:
     """``launch.sh`` with a pseudo-terminal as stdout and stderr, as when a user runs it by hand."""
     reader, terminal = pty.openpty()

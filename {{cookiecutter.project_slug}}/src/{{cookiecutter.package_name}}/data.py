@@ -61,8 +61,9 @@ class ResumableDistributedSampler(DistributedSampler):
     """``DistributedSampler`` that can start part-way into an epoch and group samples by length.
 
     The epoch's order depends on seed, epoch and the global batch only, and ranks take interleaved
-    slices of it, so the samples of global step k are the same whatever the world size. ``drop_last``
-    keeps every rank's share equal.
+    slices of it, so the samples of global step k are the same whatever the world size. An epoch is
+    whole global batches: the remainder (fewer than ``global_batch`` samples, drawn anew each epoch) sits
+    the epoch out, since no cut of it into equal per-rank shares is the same for every world size.
     """
 
     def __init__(
@@ -70,18 +71,15 @@ class ResumableDistributedSampler(DistributedSampler):
         dataset: Dataset,
         env: DistEnv,
         seed: int,
-        global_batch: int = 1,
+        global_batch: int,
         lengths: Sequence[int] | None = None,
     ) -> None:
-        super().__init__(
-            dataset,
-            num_replicas=env.world_size,
-            rank=env.rank,
-            shuffle=True,
-            seed=seed,
-            drop_last=True,
-        )
+        super().__init__(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed)
+        if global_batch < 1 or global_batch % env.world_size:
+            raise ValueError(f"global batch {global_batch} is not a multiple of world size {env.world_size}")
         self.global_batch = global_batch
+        self.total_size = len(self.dataset) // global_batch * global_batch
+        self.num_samples = self.total_size // env.world_size
         self.lengths = None if lengths is None else torch.as_tensor(lengths)
         self.skip = 0
 
@@ -108,25 +106,25 @@ class ResumableDistributedSampler(DistributedSampler):
 def group_by_length(
     order: torch.Tensor, lengths: torch.Tensor, global_batch: int, generator: torch.Generator
 ) -> torch.Tensor:
-    """``order`` rearranged into global batches of similar-length samples, the batches in random order.
+    """``order`` (whole global batches) rearranged into global batches of similar-length samples, the
+    batches in random order.
 
     Windows of LENGTH_GROUP_BATCHES global batches are sorted longest first and cut into global batches,
-    which are then shuffled; a short last batch stays last, so every other step's batch is complete. The
-    batch holding the longest sample goes first: a batch that does not fit in memory fails at step 1.
+    which are then shuffled. The batch holding the longest sample goes first: a batch that does not fit
+    in memory fails at step 1.
     """
     window = global_batch * LENGTH_GROUP_BATCHES
     pieces = []
     for start in range(0, len(order), window):
         chunk = order[start : start + window]
         pieces.append(chunk[torch.argsort(lengths[chunk], descending=True, stable=True)])
-    grouped = torch.cat(pieces) if pieces else order
-    full = len(grouped) // global_batch * global_batch
-    batches = grouped[:full].view(-1, global_batch)
-    if len(batches):
-        batches = batches[torch.randperm(len(batches), generator=generator)]
-        longest = int(lengths[batches].max(dim=1).values.argmax())
-        batches[[0, longest]] = batches[[longest, 0]]
-    return torch.cat([batches.flatten(), grouped[full:]])
+    if not pieces:
+        return order
+    batches = torch.cat(pieces).view(-1, global_batch)
+    batches = batches[torch.randperm(len(batches), generator=generator)]
+    longest = int(lengths[batches].max(dim=1).values.argmax())
+    batches[[0, longest]] = batches[[longest, 0]]
+    return batches.flatten()
 
 
 class EvalBatches(Sampler[list[int]]):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 import sys
 from collections.abc import Iterator
@@ -16,7 +15,14 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .checkpoint import Checkpointer, TrainState
 from .config import Config
-from .data import EvalBatches, ResumableDistributedSampler, count_samples, make_loader, to_device
+from .data import (
+    DataError,
+    EvalBatches,
+    ResumableDistributedSampler,
+    count_samples,
+    make_loader,
+    to_device,
+)
 from .distributed import DistEnv, all_reduce_sum, barrier, gather_objects, main_process_first
 from .evaluation import evaluate
 from .metrics import MetricsWriter, log
@@ -50,13 +56,20 @@ class Trainer:
         self.precision = effective_precision(train.precision, env.device)
         if self.precision is not train.precision and env.is_main:
             log.warning(fallback_warning(env.device))
+        global_batch = config.data.batch_size * env.world_size * train.grad_accum_steps
         self.sampler = ResumableDistributedSampler(
             self.data.train,
             env,
             config.seed,
-            global_batch=config.data.batch_size * env.world_size * train.grad_accum_steps,
+            global_batch=global_batch,
             lengths=self.data.train_lengths if grouped else None,
         )
+        if not self.sampler.total_size:
+            raise DataError(
+                f"the training set has {len(self.data.train)} samples, fewer than one global batch of "
+                f"{global_batch} (data.batch_size x {env.world_size} process(es) x train.grad_accum_steps); "
+                "lower data.batch_size or train.grad_accum_steps, or add training data"
+            )
         self.train_loader = make_loader(
             self.data.train, self.data, config, env, sampler=self.sampler, batch_size=config.data.batch_size
         )
@@ -69,9 +82,7 @@ class Trainer:
                 lengths=self.data.val_lengths if grouped else None,
             )
             self.val_loader = make_loader(self.data.val, self.data, config, env, batch_sampler=eval_batches)
-        self.steps_per_epoch = math.ceil(
-            self.sampler.num_samples / (config.data.batch_size * train.grad_accum_steps)
-        )
+        self.steps_per_epoch = self.sampler.num_samples // (config.data.batch_size * train.grad_accum_steps)
         self.total_steps = self.steps_per_epoch * train.epochs
         if train.max_steps:
             self.total_steps = min(self.total_steps, train.max_steps)
@@ -107,6 +118,12 @@ class Trainer:
             f"{self.config.data.batch_size} samples per process per micro-step, "
             f"{self.config.train.grad_accum_steps} micro-step(s) per step"
         )
+        left_out = len(self.sampler.dataset) - self.sampler.total_size
+        if left_out:
+            log.info(
+                f"each epoch trains on {self.sampler.total_size} of {len(self.sampler.dataset)} samples, "
+                f"whole global batches; a different {left_out} sit out each epoch"
+            )
         outcome = "failed"
         try:
             self.train_to_the_end()
@@ -166,7 +183,7 @@ class Trainer:
         """One optimizer step over the micro-batches holding ``window_samples`` samples.
 
         Each micro-batch's mean loss is weighted by its share of the window's samples, so the gradient is
-        that of the mean over the whole window, also when the epoch's last micro-batch is smaller.
+        that of the mean over the whole window.
         Gradients are all-reduced once, on the last micro-batch.
         """
         train, total_loss, done = self.config.train, torch.zeros((), device=self.env.device), 0

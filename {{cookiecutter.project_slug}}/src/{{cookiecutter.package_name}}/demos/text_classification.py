@@ -67,10 +67,10 @@ def build(directory: Path) -> list[str]:
     tokenizer = build_tokenizer(corpus)
     config = BertConfig(
         vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
+        hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=2,
-        intermediate_size=64,
+        intermediate_size=128,
         max_position_embeddings=128,
         pad_token_id=tokenizer.pad_token_id,
     )
@@ -84,7 +84,7 @@ def build(directory: Path) -> list[str]:
         f"data.val_file={directory / 'val.jsonl'}",
         "output_dir=outputs/demo",
         "data.batch_size=16",
-        "train.epochs=3",
+        "train.epochs=4",
         "train.lr=5e-3",
         "train.warmup_ratio=0.1",
         "data.num_workers=0",

@@ -10,36 +10,13 @@ import stat
 from pathlib import Path
 
 ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
-PACKAGE = f"src/{ANSWERS['package_name']}"
 
-# The tables of optional files; the shared core is never listed. Each model type owns whole files (task,
-# demo builder, tests), and the files of the types not chosen are removed.
-MODEL_TYPE_FILES = {
-    "text-classification": [
-        f"{PACKAGE}/tasks/text_classification.py",
-        f"{PACKAGE}/tasks/text_classification_checks.py",
-        f"{PACKAGE}/demos/text_classification.py",
-        "tests/test_text_classification.py",
-    ],
-    "causal-lm": [
-        f"{PACKAGE}/tasks/causal_lm.py",
-        f"{PACKAGE}/tasks/causal_lm_checks.py",
-        f"{PACKAGE}/demos/causal_lm.py",
-        "tests/test_causal_lm.py",
-    ],
-    "image-classification": [
-        f"{PACKAGE}/tasks/image_classification.py",
-        f"{PACKAGE}/tasks/image_classification_checks.py",
-        f"{PACKAGE}/demos/image_classification.py",
-        "tests/test_image_classification.py",
-    ],
-    "custom": [
-        f"{PACKAGE}/tasks/custom.py",
-        f"{PACKAGE}/tasks/custom_checks.py",
-        f"{PACKAGE}/demos/custom.py",
-        "tests/test_custom.py",
-    ],
-}
+# Each model type is one folder, model_types/<model_type>/, laid out like the project itself: the chosen
+# one is moved into place (its src/, tests/ and docs/ files land at the same paths in the project), and
+# the folder of model types goes. Its readme/ holds the README's sections of that type, which the README
+# has already included while rendering.
+MODEL_TYPES_DIR = "model_types"
+README_SECTIONS = "readme"
 # Each cluster answer owns whole files (folders included), removed when the answer is no.
 CLUSTER_FILES = {
     "slurm": ["slurm", "tests/test_slurm.py"],
@@ -55,11 +32,20 @@ UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_commit", "_extensi
 EXECUTABLES = ["launch.sh", "slurm/train.sbatch"]
 
 
+def move_model_type_into_place(project: Path) -> None:
+    chosen = project / MODEL_TYPES_DIR / ANSWERS["model_type"]
+    for source in sorted(path for path in chosen.rglob("*") if path.is_file()):
+        if source.relative_to(chosen).parts[0] == README_SECTIONS:
+            continue
+        target = project / source.relative_to(chosen)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.replace(target)
+    shutil.rmtree(project / MODEL_TYPES_DIR)
+
+
 def unselected_files() -> list[str]:
     """The paths of the options not chosen (the pre-gen hook has made sure the flags are booleans)."""
-    chosen_type = ANSWERS["model_type"]
-    unselected = [paths for model_type, paths in MODEL_TYPE_FILES.items() if model_type != chosen_type]
-    unselected += [paths for answer, paths in CLUSTER_FILES.items() if not ANSWERS[answer]]
+    unselected = [paths for answer, paths in CLUSTER_FILES.items() if not ANSWERS[answer]]
     if ANSWERS["tracker"] == "none":
         unselected.append(TRACKER_FILES)
     return [path for paths in unselected for path in paths]
@@ -109,6 +95,7 @@ def print_next_steps(project: Path) -> None:
 
 if __name__ == "__main__":
     project_dir = Path(os.getcwd())
+    move_model_type_into_place(project_dir)
     prune(project_dir)
     record_answers(project_dir)
     make_executable(project_dir)

@@ -55,83 +55,39 @@ def combination_id(answers: dict[str, str]) -> str:
 
 
 # --- The expected files of a rendered project ----------------------------------------------------------
-# "{pkg}" stands for the package name. The shared core is the same for every model type.
-CORE_FILES = [
-    ".cookiecutter.json",
-    ".github/workflows/tests.yml",
-    ".gitignore",
-    ".pre-commit-config.yaml",
-    "README.md",
+TEMPLATE = REPO / TEMPLATE_DIR_NAME
+MODEL_TYPES_DIR = TEMPLATE / "model_types"
+PACKAGE_DIR_NAME = "{{cookiecutter.package_name}}"
+# What every model type's folder holds, at these paths in the project ("{pkg}": the package name).
+MODEL_TYPE_FOLDER_FILES = [
+    "src/{pkg}/model_type/__init__.py",
+    "src/{pkg}/model_type/checks.py",
+    "src/{pkg}/model_type/defaults.yaml",
+    "src/{pkg}/model_type/demo.py",
+    "src/{pkg}/model_type/settings.py",
+    "src/{pkg}/model_type/task.py",
     "docs/metrics.png",
-    "launch.sh",
-    "pyproject.toml",
-    "src/{pkg}/__init__.py",
-    "src/{pkg}/__main__.py",
-    "src/{pkg}/checkpoint.py",
-    "src/{pkg}/config.py",
-    "src/{pkg}/config_reference.py",
-    "src/{pkg}/constants.py",
-    "src/{pkg}/data.py",
-    "src/{pkg}/defaults.yaml",
-    "src/{pkg}/demo.py",
-    "src/{pkg}/demos/__init__.py",
-    "src/{pkg}/distributed.py",
-    "src/{pkg}/doctor.py",
-    "src/{pkg}/errors.py",
-    "src/{pkg}/evaluation.py",
-    "src/{pkg}/metrics.py",
-    "src/{pkg}/model.py",
-    "src/{pkg}/optim.py",
-    "src/{pkg}/plot.py",
-    "src/{pkg}/precision.py",
-    "src/{pkg}/preemption.py",
-    "src/{pkg}/preflight.py",
-    "src/{pkg}/rng.py",
-    "src/{pkg}/run.py",
-    "src/{pkg}/throughput.py",
-    "src/{pkg}/py.typed",
-    "src/{pkg}/tasks/__init__.py",
-    "src/{pkg}/trackers.py",
-    "src/{pkg}/trainer.py",
-    "tests/conftest.py",
-    "tests/ddp_probe.py",
-    "tests/test_config.py",
-    "tests/test_doctor.py",
-    "tests/test_equivalence.py",
-    "tests/test_faults.py",
-    "tests/test_launch_script.py",
-    "tests/test_plot.py",
-    "tests/test_sampler.py",
-    "tests/test_throughput.py",
-    "tests/test_training.py",
 ]
-# Mirrors MODEL_TYPE_FILES in hooks/post_gen_project.py: the files each model type owns.
-MODEL_TYPE_FILES = {
-    "text-classification": [
-        "src/{pkg}/tasks/text_classification.py",
-        "src/{pkg}/tasks/text_classification_checks.py",
-        "src/{pkg}/demos/text_classification.py",
-        "tests/test_text_classification.py",
-    ],
-    "causal-lm": [
-        "src/{pkg}/tasks/causal_lm.py",
-        "src/{pkg}/tasks/causal_lm_checks.py",
-        "src/{pkg}/demos/causal_lm.py",
-        "tests/test_causal_lm.py",
-    ],
-    "image-classification": [
-        "src/{pkg}/tasks/image_classification.py",
-        "src/{pkg}/tasks/image_classification_checks.py",
-        "src/{pkg}/demos/image_classification.py",
-        "tests/test_image_classification.py",
-    ],
-    "custom": [
-        "src/{pkg}/tasks/custom.py",
-        "src/{pkg}/tasks/custom_checks.py",
-        "src/{pkg}/demos/custom.py",
-        "tests/test_custom.py",
-    ],
-}
+
+
+def _template_paths(root: Path) -> list[str]:
+    """The files under ``root``, as project paths with "{pkg}" for the package folder."""
+    return [
+        path.relative_to(root).as_posix().replace(PACKAGE_DIR_NAME, "{pkg}")
+        for path in root.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    ]
+
+
+def core_files() -> list[str]:
+    """The shared core: the template's files outside the folder of model types."""
+    return [path for path in _template_paths(TEMPLATE) if not path.startswith("model_types/")]
+
+
+def model_type_files(model_type: str) -> list[str]:
+    """The model type's files, where the post-gen hook moves them; its readme/ sections are rendered into
+    README.md and go with the folder of model types."""
+    return [path for path in _template_paths(MODEL_TYPES_DIR / model_type) if not path.startswith("readme/")]
 
 
 # Mirrors CLUSTER_FILES in hooks/post_gen_project.py: the files each cluster answer adds when it is yes.
@@ -165,10 +121,13 @@ def copy_template(destination: Path) -> None:
 def expected_files(
     model_type: str, package: str, slurm: bool = False, kubernetes: bool = False, tracker: str = "none"
 ) -> set[str]:
-    paths = CORE_FILES + MODEL_TYPE_FILES[model_type]
-    paths += CLUSTER_FILES["slurm"] if slurm else []
-    paths += CLUSTER_FILES["kubernetes"] if kubernetes else []
-    paths += TRACKER_FILES if tracker != "none" else []
+    """The core, the chosen model type's folder moved into place, the chosen options, the answers file."""
+    unselected = [
+        *([] if slurm else CLUSTER_FILES["slurm"]),
+        *([] if kubernetes else CLUSTER_FILES["kubernetes"]),
+        *(TRACKER_FILES if tracker == "none" else []),
+    ]
+    paths = {*core_files(), *model_type_files(model_type), ".cookiecutter.json"} - set(unselected)
     return {path.format(pkg=package) for path in paths}
 
 

@@ -97,7 +97,7 @@ def test_demo_fine_tunes_with_two_processes_through_launch_sh(bake_ok, model_typ
     training = [r for r in records if "loss" in r]
     evaluation = [r for r in records if "eval_loss" in r]
     assert training and evaluation, records
-    contract = {"step", "epoch", "loss", "samples_per_s", "tokens_per_s"}  # ../shared/CONTRACT.md
+    contract = {"step", "epoch", "loss", "samples_per_s", "tokens_per_s"}  # the records' public fields
     assert all(contract <= r.keys() for r in training), training
     assert [r["step"] for r in training] == sorted(r["step"] for r in training)
     assert all({"step", "eval_loss", METRICS[model_type]} <= r.keys() for r in evaluation), evaluation

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 from template_helpers import (
     CLUSTER_FILES,
-    MODEL_TYPE_FILES,
     VENV_BIN,
     cookiecutter_cli,
     copy_template,
@@ -135,11 +134,8 @@ def test_cruft_create_then_update(template: Path, tmp_path: Path, env: dict[str,
     project = out / "ddp-fine-tuning"
     # The hooks ran under cruft: the unchosen options' files are gone, the answers recorded.
     files = list_files(project)
-    assert expected_files("custom", PACKAGE, slurm=True) <= files
-    unchosen = [
-        path for model_type, paths in MODEL_TYPE_FILES.items() if model_type != "custom" for path in paths
-    ]
-    assert not {path.format(pkg=PACKAGE) for path in unchosen} & files
+    assert files == expected_files("custom", PACKAGE, slurm=True)
+    assert not [path for path in files if path.startswith("model_types/")]
     assert not set(CLUSTER_FILES["kubernetes"]) & files
     recorded = json.loads((project / ".cookiecutter.json").read_text(encoding="utf-8"))["cookiecutter"]
     assert recorded["slurm"] is True and recorded["backend"] == "gloo"

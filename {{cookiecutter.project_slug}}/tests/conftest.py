@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import shutil
@@ -22,6 +21,12 @@ from {{ cookiecutter.package_name }}.config import (
     load_config,
 )
 from {{ cookiecutter.package_name }}.constants import MODEL_TYPE
+from {{ cookiecutter.package_name }}.model_type.demo import (
+    REPRODUCIBLE,
+)
+from {{ cookiecutter.package_name }}.model_type.demo import (
+    build as build_demo,
+)
 
 PROJECT = Path(__file__).resolve().parents[1]
 PACKAGE = "{{ cookiecutter.package_name }}"
@@ -140,8 +145,7 @@ def offline_trackers(tmp_path_factory: pytest.TempPathFactory) -> None:
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
     """The offline demo's checkpoint and data, built once per test session."""
     directory = tmp_path_factory.mktemp("demo")
-    builder = importlib.import_module(f"{PACKAGE}.demos.{MODEL_TYPE.replace('-', '_')}")
-    overrides = [item for item in builder.build(directory) if not item.startswith("output_dir=")]
+    overrides = [item for item in build_demo(directory) if not item.startswith("output_dir=")]
     return directory, overrides
 
 
@@ -198,5 +202,5 @@ def deterministic(demo, tmp_path: Path) -> list[str]:
         *kept,
         f"model.pretrained={model}",
         "train.precision=fp32",
-        "data.augment=false",
+        *REPRODUCIBLE,
     ]

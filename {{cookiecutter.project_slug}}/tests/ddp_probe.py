@@ -19,8 +19,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.distributed import barrier, distributed
-from {{ cookiecutter.package_name }}.model import unwrap
-from {{ cookiecutter.package_name }}.tasks import load_task
+from {{ cookiecutter.package_name }}.model_type.task import TASK
 from {{ cookiecutter.package_name }}.trainer import Trainer
 
 
@@ -36,9 +35,9 @@ def sync(trainer: Trainer) -> dict:
         calls[0] += 1
         return allreduce_hook(None, bucket)
 
-    trainer.model.register_comm_hook(state=None, hook=counting_hook)
+    trainer.state.model.register_comm_hook(state=None, hook=counting_hook)
     batch_size, accumulation = trainer.config.data.batch_size, trainer.config.train.grad_accum_steps
-    batches = iter(trainer.train_loader)
+    batches = iter(trainer.plan.train_loader)
     trainer.optimizer_step(batches, batch_size)  # one micro-batch: all-reduces of one step = buckets
     buckets = calls[0]
     steps = 3
@@ -47,7 +46,7 @@ def sync(trainer: Trainer) -> dict:
     trainer.verify_replicas()  # raises if the ranks differ
     if trainer.env.rank == 1:  # now make them differ on purpose: the check must notice
         with torch.no_grad():
-            next(unwrap(trainer.model).parameters()).add_(1.0)
+            next(trainer.state.module.parameters()).add_(1.0)
     try:
         trainer.verify_replicas()
         divergence_detected = False
@@ -66,7 +65,7 @@ def main() -> None:
     mode, result_file, *overrides = sys.argv[1:]
     config = load_config(overrides)
     with distributed(config.distributed) as env:
-        trainer = Trainer(config, load_task(), env)
+        trainer = Trainer(config, TASK, env)
         result = {"evaluate": evaluate, "sync": sync}[mode](trainer)
         if env.is_main:
             Path(result_file).write_text(json.dumps(result))

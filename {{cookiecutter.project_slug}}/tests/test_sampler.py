@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.data import (
+from {{ cookiecutter.package_name }}.distributed import DistEnv
+from {{ cookiecutter.package_name }}.sampling import (
     EvalBatches,
     ResumableDistributedSampler,
 )
-from {{ cookiecutter.package_name }}.distributed import DistEnv
 
 CPU = torch.device("cpu")
 

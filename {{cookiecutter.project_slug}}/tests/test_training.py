@@ -40,7 +40,7 @@ def test_run_writes_metrics_checkpoints_and_final_model(trained: Path) -> None:
     assert 1 <= len(checkpoints) <= 3  # checkpoint.keep_last
     assert not list((trained / "checkpoints").glob(".*partial"))
     payload = torch.load(checkpoints[-1], map_location="cpu", weights_only=False)
-    assert payload["train_state"]["step"] == eval_records[-1]["step"]
+    assert payload["progress"]["step"] == eval_records[-1]["step"]
     assert not any(key.startswith(("module.", "_orig_mod.")) for key in payload["model"])
     assert {"optimizer", "scheduler", "scaler", "rng"} <= payload.keys()
     assert len(payload["rng"]) == 2  # one state per rank

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from .run import run
 
-    return run(config)
+    return run(config) or 0  # torchrun's @record types the result as optional
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Resumable checkpoints: written atomically by global rank 0, read by every rank onto its own device.
 
-One file per checkpoint, ``checkpoints/step-00000123.pt``, holding the model (without ``module.``
-prefixes), optimizer, scheduler, scaler, the training position and every rank's RNG states. A file only
+One file per checkpoint, ``checkpoints/step-00000123.pt``, holding the training state (model without
+``module.`` prefixes, optimizer, scheduler, scaler, progress) and every rank's RNG states. A file only
 gets its final name once it is complete (temporary file, fsync, ``os.replace``), so a kill mid-write
 leaves the previous checkpoint as the newest.
 """
@@ -10,31 +10,22 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from .distributed import DistEnv, broadcast_object, gather_objects
-from .metrics import log
-from .model import unwrap
+from .log import log
 from .rng import capture_rng_state, restore_rng_state
+from .state import TrainingState
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 NAME = re.compile(r"step-(\d+)\.pt")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that exists but cannot be used for this run."""
-
-
-@dataclass
-class TrainState:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # the epoch in progress
-    epoch_samples: int = 0  # samples of this epoch the whole job has consumed (all ranks together)
 
 
 class Checkpointer:
@@ -50,25 +41,17 @@ class Checkpointer:
         found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := NAME.fullmatch(p.name))]
         return [path for _, path in sorted(found, reverse=True)]
 
-    def save(self, state: TrainState, model: nn.Module, optimizer, scheduler, scaler) -> None:
+    def save(self, state: TrainingState) -> None:
         # Collective: every rank contributes its RNG state, so it must be called on all ranks.
         rng_states = gather_objects(capture_rng_state(), self.env)
         if not self.env.is_main:
             return
-        payload = {
-            "format": FORMAT_VERSION,
-            "train_state": asdict(state),
-            "world_size": self.env.world_size,
-            "model": unwrap(model).state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(),
-            "rng": rng_states,
-        }
+        payload = {"format": FORMAT_VERSION, "world_size": self.env.world_size, "rng": rng_states}
+        payload.update(state.state_dict())
         self.directory.mkdir(parents=True, exist_ok=True)
         for torn in self.directory.glob(".step-*.partial"):  # left by a run killed mid-write
             torn.unlink(missing_ok=True)
-        final = self.directory / f"step-{state.step:08d}.pt"
+        final = self.directory / f"step-{state.progress.step:08d}.pt"
         partial = self.directory / f".{final.name}.partial"
         with partial.open("wb") as handle:
             torch.save(payload, handle)
@@ -80,8 +63,9 @@ class Checkpointer:
         for old in self.existing()[self.keep_last :]:
             old.unlink(missing_ok=True)
 
-    def load_latest(self, model: nn.Module, optimizer, scheduler, scaler, seed: int) -> TrainState | None:
-        """Restore the newest readable checkpoint; every rank reads the file rank 0 chose."""
+    def load_latest(self, state: TrainingState, seed: int) -> bool:
+        """Restore the newest readable checkpoint into ``state``; every rank reads the file rank 0 chose.
+        False when there is none."""
         candidates = broadcast_object([str(path) for path in self.existing()], self.env)
         for candidate in map(Path, candidates):
             try:
@@ -90,11 +74,11 @@ class Checkpointer:
             except Exception as error:  # torn or foreign file: fall back to the one before
                 log.warning(f"skipping unreadable checkpoint {candidate}: {error}")
                 continue
-            _restore(candidate, payload, model, optimizer, scheduler, scaler, self.env, seed)
-            state = TrainState(**payload["train_state"])
-            log.info(f"resumed from {candidate} (step {state.step}, epoch {state.epoch})")
-            return state
-        return None
+            _restore(candidate, payload, state, self.env, seed)
+            progress = state.progress
+            log.info(f"resumed from {candidate} (step {progress.step}, epoch {progress.epoch})")
+            return True
+        return False
 
 
 def _check_format(payload: Any) -> None:
@@ -102,18 +86,15 @@ def _check_format(payload: Any) -> None:
         raise CheckpointError("not a checkpoint of this project")
 
 
-def _restore(path: Path, payload: dict[str, Any], model, optimizer, scheduler, scaler, env, seed) -> None:
+def _restore(path: Path, payload: dict[str, Any], state: TrainingState, env: DistEnv, seed: int) -> None:
     try:
-        unwrap(model).load_state_dict(payload["model"])
-        optimizer.load_state_dict(payload["optimizer"])
+        state.load_state_dict(payload)
     except (RuntimeError, ValueError, KeyError) as error:
         first_line = str(error).strip().splitlines()[0]
         raise CheckpointError(
             f"{path} does not fit this model ({first_line}); "
             "use a new output_dir to train this model from scratch"
         ) from None
-    scheduler.load_state_dict(payload["scheduler"])
-    scaler.load_state_dict(payload["scaler"])
     rng_states = payload["rng"]
     if len(rng_states) == env.world_size:
         restore_rng_state(rng_states[env.rank])

@@ -15,9 +15,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-
-class ConfigError(ValueError):
-    """A configuration the run cannot start with; the message names the key and the fix."""
+from .model_type.settings import DataSettings
+from .validation import ConfigError, require
 
 
 class Precision(enum.Enum):
@@ -49,84 +48,110 @@ class LogLevel(enum.Enum):
     warning = "warning"
 
 
-def _require(condition: bool, key: str, message: str) -> None:
-    if not condition:
-        raise ConfigError(f"{key}: {message}")
-
-
 @dataclass
 class ModelConfig:
-    pretrained: str = ""  # Hugging Face hub id or local directory of the checkpoint to fine-tune
+    pretrained: str = ""
+    """Hugging Face hub id or local directory of the checkpoint to fine-tune."""
 
 
 @dataclass
-class DataConfig:
-    train_file: str = ""  # training data (the format of this project's model type, see Data formats)
-    val_file: str = ""  # evaluation data in the same format; empty: no evaluation
-    batch_size: int = 16  # per process and micro-step; global batch = this x world size x grad_accum_steps
-    eval_batch_size: int = 32  # samples per process per evaluation batch
-    max_length: int = 256  # tokens per sample, capped by the model's own limit
-    num_workers: int = 2  # DataLoader worker processes per training process; 0 loads in the training process
-    group_by_length: bool = True  # batches of similar-length samples, in random order: less padding
-    augment: bool = True  # image models only: random horizontal flips of the training images
+class SharedDataConfig:
+    train_file: str = ""
+    """Training data, in this project's model-type format (see Data formats)."""
+    val_file: str = ""
+    """Evaluation data in the same format; empty: no evaluation."""
+    batch_size: int = 16
+    """Samples per process and micro-step; global batch = this x world size x grad_accum_steps."""
+    eval_batch_size: int = 32
+    """Samples per process per evaluation batch."""
+    num_workers: int = 2
+    """DataLoader worker processes per training process; 0 loads in the training process."""
 
     def __post_init__(self) -> None:
-        _require(self.batch_size >= 1, "data.batch_size", "must be >= 1")
-        _require(self.eval_batch_size >= 1, "data.eval_batch_size", "must be >= 1")
-        _require(self.max_length >= 8, "data.max_length", "must be >= 8")
-        _require(self.num_workers >= 0, "data.num_workers", "must be >= 0")
+        require(self.batch_size >= 1, "data.batch_size", "must be >= 1")
+        require(self.eval_batch_size >= 1, "data.eval_batch_size", "must be >= 1")
+        require(self.num_workers >= 0, "data.num_workers", "must be >= 0")
+
+
+@dataclass
+class DataConfig(DataSettings, SharedDataConfig):
+    """The shared data keys, then this model type's own (model_type/settings.py)."""
+
+    def __post_init__(self) -> None:
+        SharedDataConfig.__post_init__(self)
+        DataSettings.__post_init__(self)
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 3  # passes over the training data
-    max_steps: int = 0  # cap on optimizer steps; 0 = no cap
-    lr: float = 5e-5  # peak learning rate of AdamW
-    weight_decay: float = 0.01  # AdamW's, not applied to biases and norm weights
-    warmup_ratio: float = 0.06  # share of all steps spent warming up linearly, then linear decay to 0
-    grad_accum_steps: int = 1  # micro-batches per optimizer step; gradients are all-reduced once per step
-    max_grad_norm: float = 1.0  # gradient-norm clipping threshold; 0 = no clipping
-    precision: Precision = Precision.bf16  # autocast; fp16 adds a scaler (CUDA only); no bf16 hardware: fp32
-    log_every_steps: int = 10  # optimizer steps between training records in metrics.jsonl
-    eval_every_steps: int = 0  # optimizer steps between evaluations; 0 = at the end of each epoch only
-    compile: bool = False  # torch.compile the DDP-wrapped model: compiles for a while, then faster GPU steps
-    peak_tflops: float = 0.0  # one device's peak in the run's precision, for mfu; 0 = known GPUs' own
+    epochs: int = 3
+    """Passes over the training data."""
+    max_steps: int = 0
+    """Cap on optimizer steps; 0 = no cap."""
+    lr: float = 5e-5
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.01
+    """AdamW's decoupled weight decay, not applied to biases and norm weights."""
+    warmup_ratio: float = 0.06
+    """Share of all steps spent warming up linearly, then linear decay to 0."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; gradients are all-reduced once per step."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clipping threshold; 0 = no clipping."""
+    precision: Precision = Precision.bf16
+    """Autocast dtype; fp16 adds a gradient scaler (CUDA only); bf16 without bf16 hardware: fp32."""
+    log_every_steps: int = 10
+    """Optimizer steps between training records in metrics.jsonl."""
+    eval_every_steps: int = 0
+    """Optimizer steps between evaluations; 0 = at the end of each epoch only."""
+    compile: bool = False
+    """`torch.compile` the DDP-wrapped model: compiles for a while, then faster GPU steps."""
+    peak_tflops: float = 0.0
+    """One device's peak in the run's precision, for mfu; 0 = known GPUs' own."""
 
     def __post_init__(self) -> None:
-        _require(self.epochs >= 1, "train.epochs", "must be >= 1")
-        _require(self.max_steps >= 0, "train.max_steps", "must be >= 0 (0 = no cap)")
-        _require(self.lr > 0, "train.lr", "must be > 0")
-        _require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
-        _require(0 <= self.warmup_ratio < 1, "train.warmup_ratio", "must be in [0, 1)")
-        _require(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
-        _require(self.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 = no clipping)")
-        _require(self.log_every_steps >= 1, "train.log_every_steps", "must be >= 1")
-        _require(self.eval_every_steps >= 0, "train.eval_every_steps", "must be >= 0")
-        _require(self.peak_tflops >= 0, "train.peak_tflops", "must be >= 0 (0 = look the GPU up)")
+        require(self.epochs >= 1, "train.epochs", "must be >= 1")
+        require(self.max_steps >= 0, "train.max_steps", "must be >= 0 (0 = no cap)")
+        require(self.lr > 0, "train.lr", "must be > 0")
+        require(self.weight_decay >= 0, "train.weight_decay", "must be >= 0")
+        require(0 <= self.warmup_ratio < 1, "train.warmup_ratio", "must be in [0, 1)")
+        require(self.grad_accum_steps >= 1, "train.grad_accum_steps", "must be >= 1")
+        require(self.max_grad_norm >= 0, "train.max_grad_norm", "must be >= 0 (0 = no clipping)")
+        require(self.log_every_steps >= 1, "train.log_every_steps", "must be >= 1")
+        require(self.eval_every_steps >= 0, "train.eval_every_steps", "must be >= 0")
+        require(self.peak_tflops >= 0, "train.peak_tflops", "must be >= 0 (0 = look the GPU up)")
 
 
 @dataclass
 class CheckpointConfig:
-    every_steps: int = 500  # steps between checkpoints (one is also saved per epoch end); 0 = epoch ends only
-    keep_last: int = 3  # checkpoints kept on disk; older ones are deleted
+    every_steps: int = 500
+    """Steps between checkpoints (one is also saved per epoch end); 0 = epoch ends only."""
+    keep_last: int = 3
+    """Checkpoints kept on disk; older ones are deleted."""
 
     def __post_init__(self) -> None:
-        _require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
-        _require(self.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
+        require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
+        require(self.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
 
 
 @dataclass
 class DistributedConfig:
-    backend: Backend = Backend.nccl  # nccl on GPUs, gloo on CPU
-    device: Device = Device.cuda  # cuda: one GPU per process, chosen by LOCAL_RANK
-    timeout_s: int = 1800  # a collective that waits longer ends the job instead of hanging it
-    find_unused_parameters: bool = False  # DDP: slower; only for models that skip parameters in forward
-    gradient_as_bucket_view: bool = True  # DDP: gradients live in the all-reduce buckets (one copy less)
-    static_graph: bool = False  # DDP optimisation for models whose graph never changes between steps
+    backend: Backend = Backend.nccl
+    """`nccl` on GPUs, `gloo` on CPU."""
+    device: Device = Device.cuda
+    """`cuda`: one GPU per process, chosen by LOCAL_RANK; `cpu`: no GPU."""
+    timeout_s: int = 1800
+    """A collective that waits longer ends the job instead of hanging it."""
+    find_unused_parameters: bool = False
+    """DDP: slower; only for models that skip parameters in forward."""
+    gradient_as_bucket_view: bool = True
+    """DDP: gradients live in the all-reduce buckets (one copy less)."""
+    static_graph: bool = False
+    """DDP: an optimisation for models whose graph never changes between steps."""
 
     def __post_init__(self) -> None:
-        _require(self.timeout_s >= 1, "distributed.timeout_s", "must be >= 1")
-        _require(
+        require(self.timeout_s >= 1, "distributed.timeout_s", "must be >= 1")
+        require(
             not (self.backend is Backend.nccl and self.device is Device.cpu),
             "distributed.backend",
             "nccl needs distributed.device=cuda; use distributed.backend=gloo on CPU",
@@ -135,16 +160,22 @@ class DistributedConfig:
 
 @dataclass
 class TrackerConfig:
-    name: TrackerName = TrackerName.none  # experiment tracker fed by rank 0 with every metrics.jsonl record
-    project: str = ""  # wandb project / mlflow experiment; empty: the project's name
-    run_name: str = ""  # empty: the name of output_dir; a resumed run continues the same tracker run
+    name: TrackerName = TrackerName.none
+    """Experiment tracker fed by rank 0 with every metrics.jsonl record."""
+    project: str = ""
+    """The wandb project or MLflow experiment; empty: the project's name."""
+    run_name: str = ""
+    """The tracker's run name; empty: the name of output_dir. A resumed run continues the same tracker run."""
 
 
 @dataclass
 class Config:
-    output_dir: str = "outputs/run"  # metrics.jsonl, checkpoints/ and final/ go here
-    seed: int = 42  # data order, initialisation of new heads, dropout (offset by rank)
-    log_level: LogLevel = LogLevel.info  # rank 0's console; other ranks show warnings and errors only
+    output_dir: str = "outputs/run"
+    """Where metrics.jsonl, checkpoints/ and final/ go."""
+    seed: int = 42
+    """Seeds the data order, the initialisation of new heads and dropout (offset by rank)."""
+    log_level: LogLevel = LogLevel.info
+    """Rank 0's console; the other ranks show warnings and errors only."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -153,8 +184,8 @@ class Config:
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
 
     def __post_init__(self) -> None:
-        _require(bool(self.output_dir.strip()), "output_dir", "must not be empty")
-        _require(
+        require(bool(self.output_dir.strip()), "output_dir", "must not be empty")
+        require(
             not (self.train.precision is Precision.fp16 and self.distributed.device is Device.cpu),
             "train.precision",
             "fp16 needs CUDA; use train.precision=bf16 or fp32 on CPU",
@@ -165,11 +196,17 @@ class Config:
 
 
 def default_config_path() -> Path:
+    """The shared loop's defaults, rendered from the template answers."""
     return Path(str(resources.files(__package__).joinpath("defaults.yaml")))
 
 
+def model_type_defaults_path() -> Path:
+    """This model type's defaults: its data paths and its own keys."""
+    return Path(str(resources.files(f"{__package__}.model_type").joinpath("defaults.yaml")))
+
+
 def load_config(overrides: list[str], defaults: Path | None = None) -> Config:
-    """Merge the defaults file with ``key=value`` overrides and validate the result."""
+    """Merge the defaults files with ``key=value`` overrides and validate the result."""
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"argument {item!r} is not key=value; write e.g. train.lr=1e-4")
@@ -180,11 +217,13 @@ def load_config(overrides: list[str], defaults: Path | None = None) -> Config:
         merged = OmegaConf.merge(
             OmegaConf.structured(Config),
             OmegaConf.load(path),
+            OmegaConf.load(model_type_defaults_path()),
             OmegaConf.from_dotlist(overrides),
         )
         config = OmegaConf.to_object(merged)
     except ConfigKeyError as error:
-        raise ConfigError(f"{error.full_key}: unknown config key; the valid keys are in {path}") from None
+        valid = f"python -m {__package__}.config_reference lists the valid keys"
+        raise ConfigError(f"{error.full_key}: unknown config key; {valid}") from None
     except OmegaConfBaseException as error:
         reason = str(error.msg if hasattr(error, "msg") else error).splitlines()[0]
         raise ConfigError(f"{error.full_key or path}: {reason}") from None

@@ -1,39 +1,51 @@
 """The configuration reference of README.md, generated from the schema in config.py, never written by hand.
 
     python -m <package>.config_reference            # print the Markdown table
-    python -m <package>.config_reference --write    # refresh README.md's copy after changing config.py
+    python -m <package>.config_reference --write    # refresh README.md's copy after changing the schema
     python -m <package>.config_reference --check    # exit 1 when README.md's copy is out of date
 
-Each key's meaning is the comment after its field in config.py; its type comes from the annotation.
+Each key's meaning is the docstring under its field (in config.py, or model_type/settings.py for this
+model type's own keys); its type comes from the annotation.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
 import inspect
-import re
 import sys
+import textwrap
 import typing
 from collections.abc import Iterator
 from pathlib import Path
 
+from .cli import command_parser
 from .config import Config
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN = "<!-- config reference: begin -->"
 END = "<!-- config reference: end -->"
-FIELD_WITH_COMMENT = re.compile(r"^\s+(\w+):[^#]*#\s*(.+)$")
 
 
-def field_comments(schema: type) -> dict[str, str]:
-    """The comment after each field in the class's source: the schema documents itself."""
-    comments = {}
-    for line in inspect.getsource(schema).splitlines():
-        match = FIELD_WITH_COMMENT.match(line)
-        if match:
-            comments[match.group(1)] = match.group(2).strip()
-    return comments
+def field_docs(schema: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass and of its bases: the schema documents itself."""
+    docs: dict[str, str] = {}
+    for klass in reversed(schema.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0]
+        assert isinstance(body, ast.ClassDef)
+        for field, following in zip(body.body, body.body[1:], strict=False):
+            if (
+                isinstance(field, ast.AnnAssign)
+                and isinstance(field.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                docs[field.target.id] = " ".join(following.value.value.split())
+    return docs
 
 
 def type_name(kind: type) -> str:
@@ -45,13 +57,13 @@ def type_name(kind: type) -> str:
 def rows(schema: type = Config, prefix: str = "") -> Iterator[tuple[str, str, str]]:
     """(dotted key, type, meaning) of every leaf of the schema, in declaration order."""
     hints = typing.get_type_hints(schema)
-    comments = field_comments(schema)
+    docs = field_docs(schema)
     for field in dataclasses.fields(schema):
         kind = hints[field.name]
-        if dataclasses.is_dataclass(kind):
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             yield from rows(kind, f"{prefix}{field.name}.")
         else:
-            yield f"{prefix}{field.name}", type_name(kind), comments.get(field.name, "")
+            yield f"{prefix}{field.name}", type_name(kind), docs.get(field.name, "")
 
 
 def markdown() -> str:
@@ -70,21 +82,25 @@ def readme_with_reference(readme: str) -> str:
     return readme[: start + len(BEGIN)] + "\n" + markdown() + readme[end:]
 
 
-def main(argv: list[str]) -> int:
-    if "--write" in argv or "--check" in argv:
-        current = README.read_text(encoding="utf-8")
-        expected = readme_with_reference(current)
-        if "--check" in argv:
-            if current != expected:
-                fix = f"python -m {__spec__.name} --write"
-                print(f"error: the config reference in {README} is out of date; run {fix}", file=sys.stderr)
-                return 1
-            return 0
-        README.write_text(expected, encoding="utf-8")
+def main(argv: list[str] | None = None) -> int:
+    parser = command_parser("config_reference", "Prints the README's config reference, or refreshes it.")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", action="store_true", help="refresh README.md's copy")
+    action.add_argument("--check", action="store_true", help="exit 1 when README.md's copy is out of date")
+    args = parser.parse_args(argv)
+    if not (args.write or args.check):
+        print(markdown(), end="")
         return 0
-    print(markdown(), end="")
+    current = README.read_text(encoding="utf-8")
+    expected = readme_with_reference(current)
+    if args.write:
+        README.write_text(expected, encoding="utf-8")
+    elif current != expected:
+        fix = f"python -m {__spec__.name} --write"
+        print(f"error: the config reference in {README} is out of date; run {fix}", file=sys.stderr)
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

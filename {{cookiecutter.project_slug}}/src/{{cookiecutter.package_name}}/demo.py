@@ -7,18 +7,24 @@ written to ``<directory>/overrides.txt``, for ``./launch.sh $(cat demo/overrides
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 
-from .constants import MODEL_TYPE
+from .cli import command_parser
+
+DESCRIPTION = """Builds a tiny local checkpoint of this project's model type and demo data in DIRECTORY
+(default: demo), offline, and writes the overrides that train on them to DIRECTORY/overrides.txt."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    directory = Path(args[0] if args else "demo")
-    builder = importlib.import_module(f"{__package__}.demos.{MODEL_TYPE.replace('-', '_')}")
-    overrides = builder.build(directory)
+    parser = command_parser("demo", DESCRIPTION)
+    parser.add_argument(
+        "directory", nargs="?", default="demo", type=Path, help="where to build (default: demo)"
+    )
+    directory: Path = parser.parse_args(argv).directory
+    from .model_type.demo import build  # torch and the model libraries: only once the arguments are fine
+
+    overrides = build(directory)
     (directory / "overrides.txt").write_text(" ".join(overrides) + "\n", encoding="utf-8")
     print(f"demo checkpoint and data written to {directory}/")
     print(f"train on them with 2 processes:\n  NPROC_PER_NODE=2 ./launch.sh {' '.join(overrides)}")

@@ -20,14 +20,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .cli import command_parser
 from .config import Backend, Config, ConfigError, Device, load_config
 from .constants import GPUS_PER_NODE, MODEL_TYPE
-from .tasks import load_checks
+from .model_type.checks import check_config
 
-USAGE = """usage: python -m {package}.doctor [key=value ...]
-
-Checks this machine with the configuration training would use (defaults.yaml plus the same key=value
-overrides): versions, GPUs against processes per node, the backend with a 2-process all_reduce,
+DESCRIPTION = """Checks this machine with the configuration training would use (the defaults plus the same
+key=value overrides): versions, GPUs against processes per node, the backend with a 2-process all_reduce,
 MASTER_PORT, output_dir and the data files. One line per check; exit 0 when none failed, else 1."""
 
 SMOKE_TIMEOUT_S = 60.0  # process start-up (importing torch) plus rendezvous; slower than this is a hang
@@ -196,7 +195,7 @@ def readable(key: str, value: str, config: Config) -> Line:
 
 def data_files(config: Config) -> Iterator[Line]:
     try:
-        load_checks().check_config(config)
+        check_config(config)
     except ConfigError as error:
         yield config_problem(error)
         return
@@ -219,12 +218,11 @@ def checks(config: Config) -> Iterator[Line]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if any(arg in ("-h", "--help") for arg in args):
-        print(USAGE.format(package=__package__))
-        return 0
+    parser = command_parser("doctor", DESCRIPTION)
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, as for training")
+    overrides: list[str] = parser.parse_args(argv).overrides
     try:
-        lines: Iterator[Line] = checks(load_config(args))
+        lines: Iterator[Line] = checks(load_config(overrides))
     except ConfigError as error:
         lines = iter([config_problem(error)])
     failed = False

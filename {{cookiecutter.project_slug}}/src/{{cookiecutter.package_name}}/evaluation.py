@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
-from types import ModuleType
-
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from .config import Precision
-from .data import EvalBatches, to_device
+from .data import to_device
 from .distributed import DistEnv, all_reduce_sum
 from .model import unwrap
 from .precision import autocast
+from .sampling import EvalBatches
+from .task_spec import Task
 
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, task: ModuleType, env: DistEnv, precision: Precision
+    model: nn.Module,
+    loader: DataLoader,
+    batches: EvalBatches,
+    task: Task,
+    env: DistEnv,
+    precision: Precision,
 ) -> dict[str, float]:
     """Metrics over every validation sample, bitwise the same for any number of processes."""
     # The bare module: ranks hold different numbers of batches, and DDP's forward would try to sync.
     module = unwrap(model)
     was_training = module.training
     module.eval()
-    batches: EvalBatches = loader.batch_sampler
-    keys = task.EVALUATION_SUMS
+    keys = task.sum_names
     # One row per global batch, filled only by the rank that owns it. The all-reduce then adds zeros to
     # each value, which is exact, and every rank sums the rows in the same order: no dependence on the
     # world size or the reduction order.

@@ -1,29 +1,15 @@
-"""Console, ``metrics.jsonl`` and tracker output, written by global rank 0 only."""
+"""``metrics.jsonl`` and the tracker, fed by global rank 0 only, and the console line of each record."""
 
 from __future__ import annotations
 
 import json
-import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .config import LogLevel
 from .distributed import DistEnv
+from .log import log
 from .trackers import NoTracker, Tracker, is_evaluation
-
-log = logging.getLogger(__package__)
-
-
-def setup_logging(env: DistEnv, level: LogLevel = LogLevel.info) -> None:
-    """Rank 0 logs at ``level``; the other ranks only warnings and errors, tagged with their rank."""
-    handler = logging.StreamHandler(sys.stderr)
-    tag = "" if env.is_main else f"[rank {env.rank}] "
-    handler.setFormatter(logging.Formatter(f"%(asctime)s {tag}%(message)s", "%H:%M:%S"))
-    log.handlers[:] = [handler]
-    log.setLevel(getattr(logging, level.value.upper()) if env.is_main else logging.WARNING)
-    log.propagate = False
 
 
 class MetricsWriter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import AbstractContextManager, nullcontext
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -28,7 +29,7 @@ def wrap_ddp(model: nn.Module, env: DistEnv, config: DistributedConfig) -> nn.Mo
     )
 
 
-def _buffer_sync(before_each_forward: bool) -> dict[str, bool]:
+def _buffer_sync(before_each_forward: bool) -> dict[str, Any]:
     """DDP's option to re-send rank 0's buffers before each forward, under its name in this torch: 2.13
     renamed ``broadcast_buffers`` to ``forward_sync_buffers`` and warns on every rank at the old one."""
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
@@ -47,16 +48,16 @@ def has_training_state_buffers(model: nn.Module) -> bool:
 def compile_model(model: nn.Module) -> nn.Module:
     """torch.compile around the DDP wrapper, so DDP's bucketing splits the graph where all-reduces start
     and they overlap the backward pass; compiling the bare module first would hide its parameters."""
-    return torch.compile(model)
+    return cast(nn.Module, torch.compile(model))
 
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The user's module, without DDP's ``module.`` or torch.compile's ``_orig_mod.`` prefixes."""
     while True:
         if isinstance(model, DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
+            model = cast(nn.Module, model.module)
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = cast(nn.Module, model._orig_mod)
         else:
             return model
 

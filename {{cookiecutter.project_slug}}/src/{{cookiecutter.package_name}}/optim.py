@@ -11,7 +11,8 @@ from .config import TrainConfig
 
 def build_optimizer(model: nn.Module, config: TrainConfig, device: torch.device) -> torch.optim.AdamW:
     # Biases and norm weights (1-D tensors) are not decayed: decaying them only hurts fine-tuning.
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for parameter in model.parameters():
         if parameter.requires_grad:
             (decay if parameter.ndim >= 2 else no_decay).append(parameter)

@@ -12,10 +12,10 @@ import math
 import sys
 from pathlib import Path
 
-USAGE = """usage: python -m {package}.plot [output_dir]
+from .cli import command_parser
 
-Reads <output_dir>/metrics.jsonl (default output_dir: outputs/run), writes <output_dir>/metrics.png
-and prints its path. Works on a run in progress, or one that was killed."""
+DESCRIPTION = """Reads OUTPUT_DIR/metrics.jsonl (default OUTPUT_DIR: outputs/run), writes
+OUTPUT_DIR/metrics.png and prints its path. Works on a run in progress, or one that was killed."""
 
 # The x axis and its companion, not metrics. FIXED_PANELS come first; any other number gets its own panel.
 NOT_PLOTTED = {"step", "epoch", "time"}
@@ -106,15 +106,11 @@ def plot(output_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if any(arg in ("-h", "--help") for arg in args):
-        print(USAGE.format(package=__package__))
-        return 0
-    if len(args) > 1:
-        print(f"error: expected one output_dir, got {len(args)} arguments; see --help", file=sys.stderr)
-        return 1
+    parser = command_parser("plot", DESCRIPTION)
+    parser.add_argument("output_dir", nargs="?", default="outputs/run", type=Path, help="the run to plot")
+    output_dir: Path = parser.parse_args(argv).output_dir
     try:
-        path = plot(Path(args[0] if args else "outputs/run"))
+        path = plot(output_dir)
     except PlotError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

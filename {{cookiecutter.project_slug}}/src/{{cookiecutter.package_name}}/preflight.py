@@ -11,7 +11,6 @@ import importlib.util
 from pathlib import Path
 
 from .config import Config, ConfigError, Device, TrackerConfig, TrackerName
-from .tasks import load_checks
 
 # The module each tracker imports, and what to install for it.
 TRACKER_PACKAGES = {
@@ -47,7 +46,9 @@ def check_tracker(config: TrackerConfig) -> None:
 
 def check(config: Config) -> None:
     """Raise ``ConfigError`` naming the first thing that keeps this run from starting."""
-    load_checks().check_config(config)
+    from .model_type.checks import check_config  # its helpers live here: import it late
+
+    check_config(config)
     check_tracker(config.tracker)
     if config.distributed.device is Device.cuda:  # e.g. CUDA asked for on a CPU machine
         from .distributed import resolve_device  # torch: only a GPU run pays for its import here

@@ -9,9 +9,9 @@ from .config import Config, ConfigError
 from .data import DataError
 from .distributed import distributed, launched_by_torchrun
 from .errors import report_error
-from .metrics import log, setup_logging
+from .log import log, setup_logging
+from .model_type.task import TASK
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
-from .tasks import load_task
 from .trainer import Trainer
 
 
@@ -21,7 +21,7 @@ def run(config: Config) -> int:
         preemption = PreemptionWatch()
         with distributed(config.distributed) as env:
             setup_logging(env, config.log_level)
-            Trainer(config, load_task(), env, preemption).fit()
+            Trainer(config, TASK, env, preemption).fit()
     except (ConfigError, DataError, CheckpointError) as error:
         report_error(f"error: {error}")
         return 1

@@ -54,9 +54,10 @@ def training_flops_per_token(model: nn.Module) -> float:
     embeddings = [module.weight for module in model.modules() if isinstance(module, nn.Embedding)]
     looked_up = {id(weight) for weight in embeddings}
     multiplying = sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in looked_up)
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if output is not None and id(output.weight) in looked_up:
-        multiplying += output.weight.numel()
+    get_output = getattr(model, "get_output_embeddings", None)  # transformers models have one
+    output_weight = getattr(get_output(), "weight", None) if callable(get_output) else None
+    if isinstance(output_weight, torch.Tensor) and id(output_weight) in looked_up:
+        multiplying += output_weight.numel()
     return 6.0 * multiplying
 
 
@@ -65,9 +66,11 @@ class Throughput:
 
     def __init__(self, flops_per_token: float = 0.0, peak_flops: float = 0.0) -> None:
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
-        self._restart(time.perf_counter())
+        self.restart()
 
-    def _restart(self, now: float) -> None:
+    def restart(self, now: float | None = None) -> None:
+        """Count from now (or ``now``) on, forgetting what was counted."""
+        now = time.perf_counter() if now is None else now
         self.samples, self.tokens, self.waited, self.excluded, self.since = 0, 0, 0.0, 0.0, now
 
     def add(self, samples: int, tokens: int) -> None:
@@ -106,5 +109,5 @@ class Throughput:
         }
         if self.flops_per_token and self.peak_flops:
             rates["mfu"] = round(tokens * self.flops_per_token / elapsed / (self.peak_flops * world_size), 4)
-        self._restart(now)
+        self.restart(now)
         return rates

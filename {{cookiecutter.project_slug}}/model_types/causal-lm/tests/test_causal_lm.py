@@ -1,0 +1,145 @@
+"""Causal LM: packing, pad-less tokenizers, the model's context limit, exact evaluation, bad data, final/."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import ON_THIS_MACHINE, read_metrics, run_launch
+
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.data import (
+    DataError,
+)
+from {{ cookiecutter.package_name }}.distributed import DistEnv
+from {{ cookiecutter.package_name }}.model_type import task
+from {{ cookiecutter.package_name }}.sampling import (
+    EvalBatches,
+)
+
+ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+
+
+def _write(path: Path, rows: list[object]) -> str:
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return str(path)
+
+
+def _config(demo, tmp_path: Path, train: list[object] | None = None, val: list[object] | None = None, *extra):
+    directory, _ = demo
+    train_file = _write(tmp_path / "train.jsonl", train) if train is not None else directory / "train.jsonl"
+    val_file = _write(tmp_path / "val.jsonl", val) if val is not None else directory / "val.jsonl"
+    return load_config(
+        [
+            f"model.pretrained={directory / 'model'}",
+            f"data.train_file={train_file}",
+            f"data.val_file={val_file}",
+            f"output_dir={tmp_path / 'out'}",
+            *ON_THIS_MACHINE,
+            "data.max_length=16",
+            *extra,
+        ]
+    )
+
+
+def test_blocks_overlap_by_one_so_every_token_is_a_target_once() -> None:
+    stream = torch.arange(20)
+    blocks = list(task.BlockDataset(stream, size=6, keep_partial=True))
+    targets = torch.cat([block[1:] for block in blocks])
+    assert targets.tolist() == list(range(1, 20))
+    assert [len(block) for block in blocks] == [6, 6, 6, 5]
+    assert [len(block) for block in task.BlockDataset(stream, size=6, keep_partial=False)] == [6, 6, 6]
+    assert len(task.BlockDataset(torch.arange(16), size=6, keep_partial=True)) == 3  # 0-5, 5-10, 10-15
+    assert len(task.BlockDataset(torch.arange(5), size=6, keep_partial=False)) == 0
+
+
+def test_tokenizer_without_pad_token_pads_with_end_of_text(demo, tmp_path: Path) -> None:
+    config = _config(demo, tmp_path)
+    tokenizer = task.load_tokenizer(config)
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    batch = task.Collator(tokenizer.pad_token_id)([torch.tensor([5, 6, 7]), torch.tensor([8, 9])])
+    assert batch["labels"].tolist() == [[5, 6, 7], [8, 9, task.IGNORE_INDEX]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+
+
+def test_block_size_is_capped_by_the_model_context(demo, tmp_path: Path) -> None:
+    assert task.block_size(_config(demo, tmp_path, None, None, "data.max_length=100000")) == 128
+    assert task.block_size(_config(demo, tmp_path)) == 16
+
+
+def test_documents_are_separated_by_end_of_text(demo, tmp_path: Path) -> None:
+    config = _config(demo, tmp_path, [{"text": "the cat"}, {"text": "a dog"}] * 20)
+    data = task.build_data(config, ENV)
+    eos = data.preprocessor.eos_token_id
+    stream = torch.cat([data.train[0][:1], *[block[1:] for block in data.train]])
+    assert (stream == eos).sum() >= 2
+
+
+class UniformModel(torch.nn.Module):
+    """Predicts every token with equal probability; only the counting matters here."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=torch.zeros(*input_ids.shape, self.vocab))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+def test_evaluation_scores_every_validation_token_once(demo, tmp_path: Path, world_size: int) -> None:
+    data = task.build_data(_config(demo, tmp_path), ENV)
+    model = UniformModel(len(data.preprocessor))
+    total = 0.0
+    for rank in range(world_size):
+        env = DistEnv(rank=rank, local_rank=rank, world_size=world_size, device=torch.device("cpu"))
+        for indices in EvalBatches(len(data.val), 3, env):
+            batch = data.collate([data.val[index] for index in indices])
+            total += task.evaluation_sums(model, batch)["count"].item()
+    val_tokens = sum(len(block) for block in data.val) - (len(data.val) - 1)  # blocks overlap by one
+    assert total == val_tokens - 1  # every token but the very first is predicted
+
+
+@pytest.mark.parametrize(
+    ("train", "val", "message"),
+    [
+        (['{"text": "a"}', "{oops"], None, "train.jsonl:2: not valid JSON"),
+        ([{"text": "a"}, {"body": "b"}], None, "train.jsonl:2: missing field 'text'"),
+        ([{"text": ["a"]}], None, "train.jsonl:1: field 'text' must be a string"),
+        ([{"text": "a"}], None, "too little text for one block of 16 tokens"),
+        (None, [{"text": ""}], "val.jsonl: fewer than 2 tokens"),
+    ],
+)
+def test_bad_data_names_file_and_line(demo, tmp_path: Path, train, val, message: str) -> None:
+    with pytest.raises(DataError) as error:
+        task.build_data(_config(demo, tmp_path, train, val), ENV)
+    assert message in str(error.value)
+
+
+@pytest.mark.slow
+def test_final_model_loads_with_auto_classes_and_perplexity_falls(trained: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(trained / "final")
+    tokenizer = AutoTokenizer.from_pretrained(trained / "final")
+    with torch.no_grad():
+        logits = model(**tokenizer(["The cat saw"], return_tensors="pt")).logits
+    assert logits.shape[-1] == len(tokenizer)
+    evals = [record for record in read_metrics(trained) if "eval_perplexity" in record]
+    assert all(math.isfinite(r["eval_perplexity"]) for r in evals)
+    assert evals[-1]["eval_perplexity"] == pytest.approx(math.exp(evals[-1]["eval_loss"]))
+    assert evals[-1]["eval_perplexity"] < evals[0]["eval_perplexity"] < len(tokenizer)
+
+
+@pytest.mark.slow
+def test_a_corrupt_line_ends_launch_in_one_line_naming_it(demo, tmp_path: Path) -> None:
+    bad = _write(tmp_path / "bad.jsonl", ['{"text": "fine"}'] * 30 + ['{"text": "cut sho'])
+    result = run_launch([*demo[1], f"data.train_file={bad}", f"output_dir={tmp_path / 'out'}"])
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {bad}:31: not valid JSON"), errors
+    assert not (tmp_path / "out" / "checkpoints").exists()

@@ -1,0 +1,1 @@
+"""This project's model type: text classification. ``task.TASK`` is what the shared loop calls."""

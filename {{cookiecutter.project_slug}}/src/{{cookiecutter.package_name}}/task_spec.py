@@ -1,0 +1,83 @@
+"""What a model type provides to the shared loop: one ``Task`` built in ``model_type/task.py``.
+
+The trainer, evaluation and checkpoints call nothing of a model type but the fields of ``Task``, and the
+model type hands its data over as a ``TaskData``. A new model type is a copy of the ``model_type/`` folder
+with these filled in (see the README, "Your own model type"); mypy checks each function against the field
+it fills.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+if TYPE_CHECKING:
+    from .config import Config
+    from .distributed import DistEnv
+
+Batch = dict[str, torch.Tensor]
+
+
+def dataset_size(dataset: Dataset) -> int:
+    """The length of a map-style dataset (torch's ``Dataset`` type does not declare ``__len__``)."""
+    return len(dataset)  # type: ignore[arg-type]
+
+
+def count_samples(batch: Batch) -> int:
+    return len(next(iter(batch.values())))
+
+
+def count_real_tokens(batch: Batch) -> int:
+    """Tokens that are not padding, counted on the host before the batch moves: no device sync."""
+    return int(batch["attention_mask"].sum())
+
+
+@dataclass
+class TaskData:
+    """The data of one run, as a model type hands it to the shared loop."""
+
+    train: Dataset
+    val: Dataset | None
+    collate: Callable[[list[Any]], Batch]
+    # Class names by id (classification types): saved with the model, reported by predict.
+    label_names: list[str]
+    # What turns raw inputs into model inputs (a tokenizer, an image processor): saved in final/.
+    preprocessor: Any = None
+    # The positions a batch puts through the model (tokens, image patches; one per sample by default):
+    # tokens_per_s and mfu in metrics.jsonl count these.
+    count_tokens: Callable[[Batch], int] = count_samples
+    # Sample lengths, to batch samples of similar length together (less padding); None: random batches.
+    train_lengths: Sequence[int] | None = None
+    val_lengths: Sequence[int] | None = None
+    # True when __getitem__ draws augmentations from the DataLoader workers' seed, which is new each
+    # epoch only if the workers are: such data gets no persistent workers.
+    reseeds_workers: bool = False
+
+
+@dataclass(frozen=True)
+class Task:
+    """A model type: data, model, loss, evaluation and the saved model."""
+
+    build_data: Callable[[Config, DistEnv], TaskData]
+    """Datasets and collate function of the run; runs on every rank (caches are shared, see data.py)."""
+    build_model: Callable[[Config, TaskData], nn.Module]
+    """The pretrained model with its head sized from the data, in fp32 on the CPU."""
+    loss_sum: Callable[[nn.Module, Batch], torch.Tensor]
+    """The loss summed over the batch's targets (samples, or target tokens): the trainer divides by the
+    number of targets in the whole optimizer step, over every micro-batch and rank."""
+    evaluation_sums: Callable[[nn.Module, Batch], dict[str, torch.Tensor]]
+    """Sums over one evaluation batch, named as in ``sum_names``; they add up over batches and ranks."""
+    sum_names: tuple[str, ...]
+    evaluation_metrics: Callable[[dict[str, float]], dict[str, float]]
+    """``eval_loss`` and the type's metric, from the totals of ``evaluation_sums``."""
+    save_final: Callable[[nn.Module, TaskData, Path], None]
+    """The fine-tuned model into a folder, loadable the way its users load it."""
+    count_targets: Callable[[Batch], int] | None = None
+    """The targets ``loss_sum`` adds up in a host batch; None: one per sample (every rank's step then
+    holds the same number, and the trainer needs no count from the other ranks)."""

@@ -1,0 +1,57 @@
+"""The loop in one process, without torchrun: train, checkpoint, stop, resume, in seconds.
+
+The slow tests prove the same under real torchrun; this one catches a broken loop in the fast tier.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import assert_same_weights, read_metrics
+
+# One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.config import (
+    load_config,
+)
+from {{ cookiecutter.package_name }}.distributed import (
+    distributed,
+)
+from {{ cookiecutter.package_name }}.model_type.task import (
+    TASK,
+)
+from {{ cookiecutter.package_name }}.preemption import (
+    Preempted,
+    PreemptionWatch,
+)
+from {{ cookiecutter.package_name }}.trainer import (
+    Trainer,
+)
+
+SHORT_RUN = ["train.max_steps=4", "checkpoint.every_steps=2", "train.log_every_steps=1", "data.num_workers=0"]
+
+
+def fit(overrides: list[str], preemption: PreemptionWatch | None = None) -> dict[str, float]:
+    config = load_config(overrides)
+    with distributed(config.distributed) as env:
+        return Trainer(config, TASK, env, preemption).fit()
+
+
+def test_fit_checkpoints_and_resumes_to_the_same_weights(deterministic, tmp_path: Path) -> None:
+    run = [*deterministic, *SHORT_RUN]
+    results = fit([*run, f"output_dir={tmp_path / 'straight'}"])
+    assert set(results) >= {"step", "eval_loss"} and results["step"] == 4
+
+    stopped = PreemptionWatch()
+    stopped.received = "SIGTERM"  # as if signalled before the first step
+    with pytest.raises(Preempted) as preempted:
+        fit([*run, f"output_dir={tmp_path / 'resumed'}"], stopped)
+    step = preempted.value.step
+    assert 1 <= step < 4
+    assert (tmp_path / "resumed" / "checkpoints" / f"step-{step:08d}.pt").is_file()
+    assert not (tmp_path / "resumed" / "final").exists()
+
+    fit([*run, f"output_dir={tmp_path / 'resumed'}"])
+    assert_same_weights(tmp_path / "straight", tmp_path / "resumed")
+    steps = [record["step"] for record in read_metrics(tmp_path / "resumed") if "loss" in record]
+    assert steps == [1, 2, 3, 4]

@@ -41,7 +41,15 @@ def test_workflow_lints_and_runs_the_tests_on_cpu(project):
     commands = [line.strip() for step in steps for line in step.splitlines()]
     assert "pip install torch --index-url https://download.pytorch.org/whl/cpu" in commands
     assert "pip install -e '.[test]'" in commands
-    assert {"ruff check .", "ruff format --check .", "pytest"} <= set(commands)
+    assert {"make lint", "make typecheck", "make test"} <= set(commands)
+    makefile = (project / "Makefile").read_text()
+    for target, command in [
+        ("lint", "ruff check ."),
+        ("lint", "ruff format --check ."),
+        ("typecheck", "mypy"),
+    ]:
+        recipe = rf"^{target}:\n(\t.*\n)*\t\$\(PYTHON\) -m {re.escape(command)}$"
+        assert re.search(recipe, makefile, re.M), f"make {target} does not run {command}"
 
 
 def test_outputs_and_tracker_stores_are_ignored(project):

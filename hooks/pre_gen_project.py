@@ -2,6 +2,7 @@
 
 Every answer is rendered once, as JSON, and checked in plain Python. A refusal prints one line on stderr
 naming the answer and the fix, and exits 1; cookiecutter then removes the half-made output directory.
+Warnings and notes are printed only once every answer is accepted, so a refusal is the first line printed.
 """
 
 import json
@@ -11,6 +12,18 @@ import sys
 
 ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 
+# The values of every choice answer, equal to the lists in cookiecutter.json (a template test holds them
+# equal). cookiecutter checks a choice given on the command line, but takes a replay file's as written.
+CHOICES = {
+    "model_type": ("text-classification", "causal-lm", "image-classification", "custom"),
+    "backend": ("nccl", "gloo"),
+    "precision": ("bf16", "fp16", "fp32"),
+    "tracker": ("none", "tensorboard", "wandb", "mlflow"),
+}
+TEXT_ANSWERS = ("project_name", "project_slug", "package_name", "pretrained_model", "__kubernetes_name")
+# cookiecutter renders answers as Jinja; these in a value that rendering left behind are code that the
+# next render (a replay, a cruft update) would run. Spelled in parts: this file is a Jinja template.
+JINJA_MARKERS = tuple("{" + second for second in ("{", "%", "#"))
 MODEL_TYPES_NEEDING_CHECKPOINT = {"text-classification", "causal-lm", "image-classification"}
 MAX_GPUS_PER_NODE = 64
 # Import names the generated package must not shadow: its own dependencies and their common aliases.
@@ -25,6 +38,32 @@ KUBERNETES_NAME = re.compile(r"[a-z]([-a-z0-9]{0,46}[a-z0-9])?")
 
 class Refusal(Exception):
     """An answer set that cannot produce a working project."""
+
+
+def check_text(name, value):
+    """Jinja left in any answer; a text answer that is not text (a replay file can hold any JSON)."""
+    if isinstance(value, str) and any(marker in value for marker in JINJA_MARKERS):
+        raise Refusal(
+            f"{name}={value!r} holds Jinja after rendering, which would run as code when the project is "
+            "rendered again; cookiecutter renders answers as Jinja, so write the text without "
+            + ", ".join(repr(marker) for marker in JINJA_MARKERS)
+        )
+    if name not in TEXT_ANSWERS:
+        return
+    if not isinstance(value, str):
+        raise Refusal(f"{name}={value!r} is not text; give it as a quoted string in a replay file")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a name read from bytes that were not UTF-8 (a command line, a file)
+        raise Refusal(f"{name}={value!r} holds characters that are not UTF-8 text; retype it") from None
+
+
+def check_choice(name):
+    value, choices = ANSWERS[name], CHOICES[name]
+    if value not in choices:
+        raise Refusal(
+            f"{name}={value!r} is not a choice of this template; answer one of {', '.join(choices)}"
+        )
 
 
 def parse_count(name, minimum, maximum=None):
@@ -48,32 +87,36 @@ def parse_flag(name):
     return value
 
 
-def check_identifier(name, value, fix):
-    if not value.isidentifier() or keyword.iskeyword(value) or not value.isascii():
-        raise Refusal(f"{name}={value!r} is not a valid Python identifier; {fix}")
-    if value in sys.stdlib_module_names or value.lower() in DEPENDENCY_NAMES:
-        raise Refusal(f"{name}={value!r} would shadow the module {value!r}; {fix}")
-
-
-def validate():
-    if not str(ANSWERS["project_name"]).strip():
-        raise Refusal("project_name is empty; give the project a name")
+def check_names():
     slug = ANSWERS["project_slug"]
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", slug):
         raise Refusal(
             f"project_slug={slug!r} is not a usable folder name; give project_name some letters, "
             "or set project_slug to letters, digits, '-' and '_', starting with a letter"
         )
-    check_identifier(
-        "package_name",
-        ANSWERS["package_name"],
-        "choose a different project_name or set package_name explicitly",
-    )
+    package = ANSWERS["package_name"]
+    fix = "choose a different project_name or set package_name explicitly"
+    if not package.isidentifier() or keyword.iskeyword(package) or not package.isascii():
+        raise Refusal(f"package_name={package!r} is not a valid Python identifier; {fix}")
+    if package in sys.stdlib_module_names or package.lower() in DEPENDENCY_NAMES:
+        raise Refusal(f"package_name={package!r} would shadow the module {package!r}; {fix}")
+
+
+def validate():
+    """Refuse the first answer that cannot work; return the warnings and notes of an accepted set."""
+    for name, value in ANSWERS.items():
+        if not name.startswith("_") or name.startswith("__"):  # `_x` entries are cookiecutter's own
+            check_text(name, value)
+    for name in CHOICES:
+        check_choice(name)
+    if not ANSWERS["project_name"].strip():
+        raise Refusal("project_name is empty; give the project a name")
+    check_names()
 
     gpus = parse_count("gpus_per_node", 0, MAX_GPUS_PER_NODE)
     nodes = parse_count("num_nodes", 1)
     slurm, kubernetes = parse_flag("slurm"), parse_flag("kubernetes")
-    name = ANSWERS["__kubernetes_name"]
+    name, slug = ANSWERS["__kubernetes_name"], ANSWERS["project_slug"]
     if kubernetes and not KUBERNETES_NAME.fullmatch(name):
         raise Refusal(
             f"kubernetes=yes names the job {name!r} after project_slug={slug!r}, which is not a valid "
@@ -85,36 +128,38 @@ def validate():
     if gpus == 0 and precision == "fp16":
         raise Refusal("precision=fp16 needs GPUs but gpus_per_node=0; choose bf16 or fp32 for CPU training")
     model_type = ANSWERS["model_type"]
-    if model_type in MODEL_TYPES_NEEDING_CHECKPOINT and not str(ANSWERS["pretrained_model"]).strip():
+    if model_type in MODEL_TYPES_NEEDING_CHECKPOINT and not ANSWERS["pretrained_model"].strip():
         raise Refusal(
             f"pretrained_model is empty but model_type={model_type} fine-tunes a checkpoint; "
             "give a Hugging Face hub id or a local directory"
         )
+
+    advice = []
     if gpus > 0 and backend == "gloo":
-        print(
+        advice.append(
             f"warning: backend=gloo with gpus_per_node={gpus} works but is much slower than nccl "
-            "on GPUs; override later with distributed.backend=nccl",
-            file=sys.stderr,
+            "on GPUs; override later with distributed.backend=nccl"
         )
     if nodes > 1 and not (slurm or kubernetes):
-        print_multi_node_note(nodes)
+        advice.append(multi_node_note(nodes))
+    return advice
 
 
-def print_multi_node_note(nodes):
-    print(
+def multi_node_note(nodes):
+    return (
         f"note: num_nodes={nodes} without slurm or kubernetes, so no cluster file is rendered. Run\n"
         "  multi-node by hand: start launch.sh once on every node, each with its own NODE_RANK and the\n"
         "  same first-node address, port and run id:\n"
         f"    NNODES={nodes} NODE_RANK=<0..{nodes - 1}> MASTER_ADDR=<first node> MASTER_PORT=29500 "
         "RUN_ID=<job id> ./launch.sh [key=value ...]\n"
-        "  or render again with slurm=yes (an sbatch script) or kubernetes=yes (a PyTorchJob).",
-        file=sys.stderr,
+        "  or render again with slurm=yes (an sbatch script) or kubernetes=yes (a PyTorchJob)."
     )
 
 
 if __name__ == "__main__":
     try:
-        validate()
+        for line in validate():
+            print(line, file=sys.stderr)
     except Refusal as refusal:
         print(f"error: {refusal}", file=sys.stderr)
         sys.exit(1)

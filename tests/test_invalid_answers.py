@@ -28,6 +28,10 @@ INVALID_ANSWERS = [
     ({"package_name": "os"}, "package_name='os'"),
     ({"package_name": "torch"}, "package_name='torch'"),
     ({"package_name": "transformers"}, "package_name='transformers'"),
+    # cookiecutter renders answers as Jinja; what survives rendering would run on the next render.
+    ({"project_name": "{{ '{{' }} 7 * 7 }}"}, "project_name='{{ 7 * 7 }}'"),
+    ({"project_name": "a {{ '{%' }} b"}, "project_name='a {% b'"),
+    ({"pretrained_model": "{{ '{#' }} note #}"}, "pretrained_model="),
     ({"package_name": "class"}, "package_name='class'"),
     ({"package_name": "my-package"}, "package_name='my-package'"),
     ({"model_type": "text-classification", "pretrained_model": ""}, "pretrained_model"),
@@ -65,6 +69,7 @@ def test_invalid_answers_are_refused_before_anything_is_written(bake, tmp_path, 
     errors = lines_starting_with(stderr, "error:")
     assert len(errors) == 1, stderr
     assert message in errors[0]
+    assert stderr.startswith("error:"), "the refusal must be the first line printed"
 
 
 def test_cli_refuses_nccl_without_gpus_with_one_error_line(tmp_path, user_config):

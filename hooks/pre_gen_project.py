@@ -26,11 +26,30 @@ TEXT_ANSWERS = ("project_name", "project_slug", "package_name", "pretrained_mode
 JINJA_MARKERS = tuple("{" + second for second in ("{", "%", "#"))
 MODEL_TYPES_NEEDING_CHECKPOINT = {"text-classification", "causal-lm", "image-classification"}
 MAX_GPUS_PER_NODE = 64
-# Import names the generated package must not shadow: its own dependencies and their common aliases.
-DEPENDENCY_NAMES = {
-    "accelerate", "datasets", "huggingface_hub", "numpy", "omegaconf", "PIL", "pil", "pytest",
-    "safetensors", "tokenizers", "torch", "tqdm", "transformers", "yaml",
-}  # fmt: skip
+# Import and distribution names of everything a generated project installs, for every model type and
+# tracker, with its test extra; lower case, runs of '-', '_', '.' as '_'. A package or project of one of
+# these names would shadow, or be replaced by, a dependency. tests/test_hook_tables.py checks that
+# this covers the dependency closure installed in the test environment.
+DEPENDENCY_NAMES = frozenset(
+    """
+    _cffi_backend _distutils_hack _pytest _xxhash _yaml absl absl_py accelerate alembic annotated_doc
+    annotated_types anyio cachetools certifi cffi charset_normalizer click cloudpickle colorama
+    contourpy coreweave_evaluations cryptography cwevals cycler databricks databricks_sdk datasets
+    dateutil distro dotenv fastapi filelock fonttools fsspec functorch git gitdb gitpython google
+    google_auth googleapis_common_protos grpc grpcio h11 hf_xet httpcore httpcore2 httpx httpx2
+    huggingface_hub idna importlib_metadata iniconfig isympy jinja2 kiwisolver lazy_importer mako
+    markdown markdown_it markdown_it_py markupsafe matplotlib mdurl mlflow mlflow_skinny mpl_toolkits
+    mpmath multipart networkx numpy omegaconf opentelemetry opentelemetry_api
+    opentelemetry_exporter_http_transport opentelemetry_exporter_otlp_common
+    opentelemetry_exporter_otlp_proto_common opentelemetry_exporter_otlp_proto_http opentelemetry_proto
+    opentelemetry_sdk opentelemetry_semantic_conventions packaging peft pil pillow platformdirs pluggy
+    protobuf py pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments pylab pyparsing pytest
+    python_dateutil python_dotenv python_multipart pyyaml regex requests rich ruff safetensors
+    setuptools shellingham smmap sniffio sqlalchemy sqlparse starlette sympy tensorboard
+    tensorboard_data_server tokenizers torch torchgen tqdm transformers truststore typer
+    typing_extensions typing_inspection tzdata urllib3 uvicorn wandb werkzeug xxhash yaml zipp
+    """.split()  # noqa: SIM905 (a block of words reads better than quoted strings)
+)
 # The PyTorchJob's name (__kubernetes_name: the slug in lower case, '-' for '_', cut to 48 characters)
 # must be a DNS-1035 label: the operator names pods and services <name>-worker-<index>, at most 63 long.
 KUBERNETES_NAME = re.compile(r"[a-z]([-a-z0-9]{0,46}[a-z0-9])?")
@@ -87,6 +106,10 @@ def parse_flag(name):
     return value
 
 
+def dependency_name(name):
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
 def check_names():
     slug = ANSWERS["project_slug"]
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", slug):
@@ -94,11 +117,16 @@ def check_names():
             f"project_slug={slug!r} is not a usable folder name; give project_name some letters, "
             "or set project_slug to letters, digits, '-' and '_', starting with a letter"
         )
+    if dependency_name(slug) in DEPENDENCY_NAMES:
+        raise Refusal(
+            f"project_slug={slug!r} is the distribution name of a dependency, which installing the "
+            "project would replace; choose a different project_name or set project_slug explicitly"
+        )
     package = ANSWERS["package_name"]
     fix = "choose a different project_name or set package_name explicitly"
     if not package.isidentifier() or keyword.iskeyword(package) or not package.isascii():
         raise Refusal(f"package_name={package!r} is not a valid Python identifier; {fix}")
-    if package in sys.stdlib_module_names or package.lower() in DEPENDENCY_NAMES:
+    if package in sys.stdlib_module_names or dependency_name(package) in DEPENDENCY_NAMES:
         raise Refusal(f"package_name={package!r} would shadow the module {package!r}; {fix}")
 
 

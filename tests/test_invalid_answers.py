@@ -28,6 +28,19 @@ INVALID_ANSWERS = [
     ({"package_name": "os"}, "package_name='os'"),
     ({"package_name": "torch"}, "package_name='torch'"),
     ({"package_name": "transformers"}, "package_name='transformers'"),
+    # Import names of the dependency closure, not only the direct dependencies; any case.
+    ({"package_name": "matplotlib"}, "package_name='matplotlib'"),
+    ({"package_name": "setuptools"}, "package_name='setuptools'"),
+    ({"package_name": "packaging"}, "package_name='packaging'"),
+    ({"package_name": "jinja2"}, "package_name='jinja2'"),
+    ({"package_name": "requests"}, "package_name='requests'"),
+    ({"package_name": "yaml"}, "package_name='yaml'"),
+    ({"package_name": "pil"}, "package_name='pil'"),
+    ({"package_name": "wandb", "tracker": "wandb"}, "package_name='wandb'"),
+    ({"package_name": "mlflow", "tracker": "none"}, "package_name='mlflow'"),
+    # A distribution name of the closure: installing the project would replace that dependency.
+    ({"project_name": "PyYAML"}, "project_slug='pyyaml'"),
+    ({"project_slug": "typing-extensions", "package_name": "my_types"}, "project_slug='typing-extensions'"),
     # cookiecutter renders answers as Jinja; what survives rendering would run on the next render.
     ({"project_name": "{{ '{{' }} 7 * 7 }}"}, "project_name='{{ 7 * 7 }}'"),
     ({"project_name": "a {{ '{%' }} b"}, "project_name='a {% b'"),

@@ -60,7 +60,8 @@ class Refusal(Exception):
 
 
 def check_text(name, value):
-    """Jinja left in any answer; a text answer that is not text (a replay file can hold any JSON)."""
+    """Refuse Jinja left in any answer, and a text answer that is not a UTF-8 string (a replay file can
+    hold any JSON)."""
     if isinstance(value, str) and any(marker in value for marker in JINJA_MARKERS):
         raise Refusal(
             f"{name}={value!r} holds Jinja after rendering, which would run as code when the project is "

@@ -2,6 +2,7 @@
 
 Every answer is rendered once, as JSON, and checked in plain Python. A refusal prints one line on stderr
 naming the answer and the fix, and exits 1; cookiecutter then removes the half-made output directory.
+Warnings and notes are printed only once every answer is accepted, so a refusal is the first line printed.
 """
 
 import json
@@ -11,13 +12,44 @@ import sys
 
 ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 
+# The values of every choice answer, equal to the lists in cookiecutter.json (a template test holds them
+# equal). cookiecutter checks a choice given on the command line, but takes a replay file's as written.
+CHOICES = {
+    "model_type": ("text-classification", "causal-lm", "image-classification", "custom"),
+    "backend": ("nccl", "gloo"),
+    "precision": ("bf16", "fp16", "fp32"),
+    "tracker": ("none", "tensorboard", "wandb", "mlflow"),
+}
+TEXT_ANSWERS = ("project_name", "project_slug", "package_name", "pretrained_model", "__kubernetes_name")
+# cookiecutter renders answers as Jinja; these in a value that rendering left behind are code that the
+# next render (a replay, a cruft update) would run. Spelled in parts: this file is a Jinja template.
+JINJA_MARKERS = tuple("{" + second for second in ("{", "%", "#"))
 MODEL_TYPES_NEEDING_CHECKPOINT = {"text-classification", "causal-lm", "image-classification"}
 MAX_GPUS_PER_NODE = 64
-# Import names the generated package must not shadow: its own dependencies and their common aliases.
-DEPENDENCY_NAMES = {
-    "accelerate", "datasets", "huggingface_hub", "numpy", "omegaconf", "PIL", "pil", "pytest",
-    "safetensors", "tokenizers", "torch", "tqdm", "transformers", "yaml",
-}  # fmt: skip
+# Import and distribution names of everything a generated project installs, for every model type and
+# tracker, with its test extra; lower case, runs of '-', '_', '.' as '_'. A package or project of one of
+# these names would shadow, or be replaced by, a dependency. tests/test_hook_tables.py checks that
+# this covers the dependency closure installed in the test environment.
+DEPENDENCY_NAMES = frozenset(
+    """
+    _cffi_backend _distutils_hack _pytest _xxhash _yaml absl absl_py accelerate alembic annotated_doc
+    annotated_types anyio cachetools certifi cffi charset_normalizer click cloudpickle colorama
+    contourpy coreweave_evaluations cryptography cwevals cycler databricks databricks_sdk datasets
+    dateutil distro dotenv fastapi filelock fonttools fsspec functorch git gitdb gitpython google
+    google_auth googleapis_common_protos grpc grpcio h11 hf_xet httpcore httpcore2 httpx httpx2
+    huggingface_hub idna importlib_metadata iniconfig isympy jinja2 kiwisolver lazy_importer mako
+    markdown markdown_it markdown_it_py markupsafe matplotlib mdurl mlflow mlflow_skinny mpl_toolkits
+    mpmath multipart networkx numpy omegaconf opentelemetry opentelemetry_api
+    opentelemetry_exporter_http_transport opentelemetry_exporter_otlp_common
+    opentelemetry_exporter_otlp_proto_common opentelemetry_exporter_otlp_proto_http opentelemetry_proto
+    opentelemetry_sdk opentelemetry_semantic_conventions packaging peft pil pillow platformdirs pluggy
+    protobuf py pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments pylab pyparsing pytest
+    python_dateutil python_dotenv python_multipart pyyaml regex requests rich ruff safetensors
+    setuptools shellingham smmap sniffio sqlalchemy sqlparse starlette sympy tensorboard
+    tensorboard_data_server tokenizers torch torchgen tqdm transformers truststore typer
+    typing_extensions typing_inspection tzdata urllib3 uvicorn wandb werkzeug xxhash yaml zipp
+    """.split()  # noqa: SIM905 (a block of words reads better than quoted strings)
+)
 # The PyTorchJob's name (__kubernetes_name: the slug in lower case, '-' for '_', cut to 48 characters)
 # must be a DNS-1035 label: the operator names pods and services <name>-worker-<index>, at most 63 long.
 KUBERNETES_NAME = re.compile(r"[a-z]([-a-z0-9]{0,46}[a-z0-9])?")
@@ -25,6 +57,33 @@ KUBERNETES_NAME = re.compile(r"[a-z]([-a-z0-9]{0,46}[a-z0-9])?")
 
 class Refusal(Exception):
     """An answer set that cannot produce a working project."""
+
+
+def check_text(name, value):
+    """Refuse Jinja left in any answer, and a text answer that is not a UTF-8 string (a replay file can
+    hold any JSON)."""
+    if isinstance(value, str) and any(marker in value for marker in JINJA_MARKERS):
+        raise Refusal(
+            f"{name}={value!r} holds Jinja after rendering, which would run as code when the project is "
+            "rendered again; cookiecutter renders answers as Jinja, so write the text without "
+            + ", ".join(repr(marker) for marker in JINJA_MARKERS)
+        )
+    if name not in TEXT_ANSWERS:
+        return
+    if not isinstance(value, str):
+        raise Refusal(f"{name}={value!r} is not text; give it as a quoted string in a replay file")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:  # a name read from bytes that were not UTF-8 (a command line, a file)
+        raise Refusal(f"{name}={value!r} holds characters that are not UTF-8 text; retype it") from None
+
+
+def check_choice(name):
+    value, choices = ANSWERS[name], CHOICES[name]
+    if value not in choices:
+        raise Refusal(
+            f"{name}={value!r} is not a choice of this template; answer one of {', '.join(choices)}"
+        )
 
 
 def parse_count(name, minimum, maximum=None):
@@ -48,32 +107,49 @@ def parse_flag(name):
     return value
 
 
-def check_identifier(name, value, fix):
-    if not value.isidentifier() or keyword.iskeyword(value) or not value.isascii():
-        raise Refusal(f"{name}={value!r} is not a valid Python identifier; {fix}")
-    if value in sys.stdlib_module_names or value.lower() in DEPENDENCY_NAMES:
-        raise Refusal(f"{name}={value!r} would shadow the module {value!r}; {fix}")
+def dependency_name(name):
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def check_names():
+    slug = ANSWERS["project_slug"]
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", slug):
+        # cookiecutter makes <output>/<slug> before this hook runs and removes only its last folder.
+        made = ""
+        if "/" in slug:
+            made = " (cookiecutter has already made the folders before the last '/' and leaves them)"
+        raise Refusal(
+            f"project_slug={slug!r} is not a usable folder name{made}; give project_name some letters, "
+            "or set project_slug to letters, digits, '-' and '_', starting with a letter"
+        )
+    if dependency_name(slug) in DEPENDENCY_NAMES:
+        raise Refusal(
+            f"project_slug={slug!r} is the distribution name of a dependency, which installing the "
+            "project would replace; choose a different project_name or set project_slug explicitly"
+        )
+    package = ANSWERS["package_name"]
+    fix = "choose a different project_name or set package_name explicitly"
+    if not package.isidentifier() or keyword.iskeyword(package) or not package.isascii():
+        raise Refusal(f"package_name={package!r} is not a valid Python identifier; {fix}")
+    if package in sys.stdlib_module_names or dependency_name(package) in DEPENDENCY_NAMES:
+        raise Refusal(f"package_name={package!r} would shadow the module {package!r}; {fix}")
 
 
 def validate():
-    if not str(ANSWERS["project_name"]).strip():
+    """Refuse the first answer that cannot work; return the warnings and notes of an accepted set."""
+    for name, value in ANSWERS.items():
+        if not name.startswith("_") or name.startswith("__"):  # `_x` entries are cookiecutter's own
+            check_text(name, value)
+    for name in CHOICES:
+        check_choice(name)
+    if not ANSWERS["project_name"].strip():
         raise Refusal("project_name is empty; give the project a name")
-    slug = ANSWERS["project_slug"]
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", slug):
-        raise Refusal(
-            f"project_slug={slug!r} is not a usable folder name; give project_name some letters, "
-            "or set project_slug to letters, digits, '-' and '_', starting with a letter"
-        )
-    check_identifier(
-        "package_name",
-        ANSWERS["package_name"],
-        "choose a different project_name or set package_name explicitly",
-    )
+    check_names()
 
     gpus = parse_count("gpus_per_node", 0, MAX_GPUS_PER_NODE)
     nodes = parse_count("num_nodes", 1)
     slurm, kubernetes = parse_flag("slurm"), parse_flag("kubernetes")
-    name = ANSWERS["__kubernetes_name"]
+    name, slug = ANSWERS["__kubernetes_name"], ANSWERS["project_slug"]
     if kubernetes and not KUBERNETES_NAME.fullmatch(name):
         raise Refusal(
             f"kubernetes=yes names the job {name!r} after project_slug={slug!r}, which is not a valid "
@@ -85,36 +161,38 @@ def validate():
     if gpus == 0 and precision == "fp16":
         raise Refusal("precision=fp16 needs GPUs but gpus_per_node=0; choose bf16 or fp32 for CPU training")
     model_type = ANSWERS["model_type"]
-    if model_type in MODEL_TYPES_NEEDING_CHECKPOINT and not str(ANSWERS["pretrained_model"]).strip():
+    if model_type in MODEL_TYPES_NEEDING_CHECKPOINT and not ANSWERS["pretrained_model"].strip():
         raise Refusal(
             f"pretrained_model is empty but model_type={model_type} fine-tunes a checkpoint; "
             "give a Hugging Face hub id or a local directory"
         )
+
+    advice = []
     if gpus > 0 and backend == "gloo":
-        print(
+        advice.append(
             f"warning: backend=gloo with gpus_per_node={gpus} works but is much slower than nccl "
-            "on GPUs; override later with distributed.backend=nccl",
-            file=sys.stderr,
+            "on GPUs; override later with distributed.backend=nccl"
         )
     if nodes > 1 and not (slurm or kubernetes):
-        print_multi_node_note(nodes)
+        advice.append(multi_node_note(nodes))
+    return advice
 
 
-def print_multi_node_note(nodes):
-    print(
+def multi_node_note(nodes):
+    return (
         f"note: num_nodes={nodes} without slurm or kubernetes, so no cluster file is rendered. Run\n"
         "  multi-node by hand: start launch.sh once on every node, each with its own NODE_RANK and the\n"
         "  same first-node address, port and run id:\n"
         f"    NNODES={nodes} NODE_RANK=<0..{nodes - 1}> MASTER_ADDR=<first node> MASTER_PORT=29500 "
         "RUN_ID=<job id> ./launch.sh [key=value ...]\n"
-        "  or render again with slurm=yes (an sbatch script) or kubernetes=yes (a PyTorchJob).",
-        file=sys.stderr,
+        "  or render again with slurm=yes (an sbatch script) or kubernetes=yes (a PyTorchJob)."
     )
 
 
 if __name__ == "__main__":
     try:
-        validate()
+        for line in validate():
+            print(line, file=sys.stderr)
     except Refusal as refusal:
         print(f"error: {refusal}", file=sys.stderr)
         sys.exit(1)

@@ -49,8 +49,15 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
 def iter_jsonl(path: str | Path, required: Sequence[str]) -> Iterator[dict[str, Any]]:
     """JSON Lines records one at a time, naming the file and line of the first bad record."""
     found = False
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(
+                    f"{path}:{number}: not UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1}); "
+                    "save the file as UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
@@ -91,16 +98,19 @@ def fingerprint(*parts: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def cached(cache_file: Path, build: Callable[[], Any], env: DistEnv) -> Any:
+def cached(cache_file: Path, build: Callable[[], Any], env: DistEnv, safe_types: Sequence[type] = ()) -> Any:
     """Build once on rank 0 and share through a file; the other ranks load it instead of rebuilding.
 
-    Without a shared filesystem (multi-node) a rank that does not see the file builds it itself.
+    Without a shared filesystem (multi-node) a rank that does not see the file builds it itself. The
+    file is read with ``weights_only=True``: tensors, plain values and the dataset classes named in
+    ``safe_types`` only, so a file planted in ``output_dir`` cannot run code; it is rebuilt instead.
     """
     with main_process_first(env):
         if cache_file.exists():
             try:
-                return torch.load(cache_file, map_location="cpu", weights_only=False)
-            except Exception:  # a torn or stale cache is rebuilt, never trusted
+                with torch.serialization.safe_globals(list(safe_types)):
+                    return torch.load(cache_file, map_location="cpu", weights_only=True)
+            except Exception:  # a torn, stale or foreign cache is rebuilt, never trusted
                 pass
         value = build()
         if env.is_main:

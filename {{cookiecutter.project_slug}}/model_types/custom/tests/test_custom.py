@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import METRIC, ON_THIS_MACHINE, read_metrics
-from safetensors.torch import load_file
+from safetensors.torch import load_file, load_model
 
 from {{ cookiecutter.package_name }}.config import (
     ConfigError,
@@ -72,3 +72,23 @@ def test_final_weights_load_into_the_model(trained: Path) -> None:
     model = task.Model(**task.MODEL_CONFIG)
     model.load_state_dict(load_file(trained / "final" / "model.safetensors"))
     assert read_metrics(trained)[-1][METRIC] > 0.5  # the demo is learnable
+
+
+class TiedModel(torch.nn.Module):
+    """A language-model-like network whose output layer reuses the embedding (tied weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(10, 4)
+        self.output = torch.nn.Linear(4, 10, bias=False)
+        self.output.weight = self.embedding.weight
+
+
+def test_tied_weights_save_and_load(tmp_path: Path) -> None:
+    model = TiedModel()
+    task.save_weights(model, tmp_path)
+    restored = TiedModel()
+    missing, unexpected = load_model(restored, tmp_path / "model.safetensors")
+    assert not missing and not unexpected
+    assert torch.equal(restored.embedding.weight, model.embedding.weight)
+    assert restored.output.weight is restored.embedding.weight  # still tied

@@ -70,12 +70,33 @@ def test_integer_labels_keep_their_values(demo, tmp_path: Path) -> None:
             "val.jsonl:1: label 'y' never appears",
         ),
         ([{"text": "a", "label": 0}], [{"text": "b", "label": "0"}], "val.jsonl:1: label '0' never appears"),
+        (
+            [{"text": "a", "label": 0}, {"text": "b", "label": 1}, {"text": "c", "label": 1000000}],
+            None,
+            "train.jsonl:3: label 1000000 makes a head of 1000001 classes, 999998 of them never used",
+        ),
     ],
 )
 def test_bad_data_names_file_and_line(demo, tmp_path: Path, train, val, message: str) -> None:
     with pytest.raises(DataError) as error:
         _data(demo, tmp_path, train, val)
     assert message in str(error.value)
+
+
+def test_integer_labels_may_skip_a_few_ids(demo, tmp_path: Path) -> None:
+    rows = [{"text": "a", "label": 0}, {"text": "b", "label": 1}, {"text": "c", "label": 50}]
+    assert len(_data(demo, tmp_path, rows).label_names) == 51
+
+
+def test_a_line_that_is_not_utf8_is_named(demo, tmp_path: Path) -> None:
+    train = tmp_path / "train.jsonl"
+    train.write_bytes(b'{"text": "fine", "label": 0}\n{"text": "caf\xe9", "label": 1}\n')
+    config = load_config(
+        [f"model.pretrained={demo[0] / 'model'}", f"data.train_file={train}", "data.val_file=",
+         f"output_dir={tmp_path / 'out'}", *ON_THIS_MACHINE]
+    )  # fmt: skip
+    with pytest.raises(DataError, match=r"train\.jsonl:2: not UTF-8 \(byte 0xe9 at column 14\)"):
+        task.build_data(config, ENV)
 
 
 def test_batches_are_padded_to_their_own_longest_sample() -> None:

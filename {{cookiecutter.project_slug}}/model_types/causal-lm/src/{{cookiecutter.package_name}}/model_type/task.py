@@ -121,7 +121,7 @@ def build_data(config: Config, env: DistEnv) -> TaskData:
     )
     cache_file = Path(config.output_dir) / "cache" / f"causal-lm-{key}.pt"
     tokenizer = load_tokenizer(config)
-    processed = cached(cache_file, lambda: preprocess(config, tokenizer), env)
+    processed = cached(cache_file, lambda: preprocess(config, tokenizer), env, [BlockDataset])
     log.info(f"training on blocks of {processed['block_size']} tokens")
     return TaskData(
         train=processed["train"],

@@ -130,13 +130,16 @@ def scan_split(root: Path, skipped: list[str]) -> dict[str, list[str]]:
     return images
 
 
-def _encode(images: dict[str, list[str]], names: list[str]) -> dict[str, np.ndarray]:
-    # numpy arrays, not lists of str: forked workers that touch Python objects copy the memory pages
-    # holding their reference counts, so a list of a million paths would end up copied into every worker.
+def _encode(images: dict[str, list[str]], names: list[str]) -> dict[str, torch.Tensor]:
+    """Paths as one byte matrix (a row per path, zero-padded) and labels as tensors: not lists of str,
+    since forked workers that touch Python objects copy the memory pages holding their reference counts
+    (a list of a million paths would end up copied into every worker), and tensors load from the cache
+    with ``weights_only=True``."""
     ids = {name: index for index, name in enumerate(names)}
-    paths = [os.fsencode(path) for name in images for path in images[name]]
+    paths = np.array([os.fsencode(path) for name in images for path in images[name]], dtype=np.bytes_)
     labels = [ids[name] for name in images for _ in images[name]]
-    return {"paths": np.array(paths, dtype=np.bytes_), "labels": np.array(labels, dtype=np.int64)}
+    path_bytes = torch.from_numpy(paths.view(np.uint8).reshape(len(paths), paths.itemsize).copy())
+    return {"paths": path_bytes, "labels": torch.tensor(labels, dtype=torch.int64)}
 
 
 def build_index(train_root: Path, val_root: Path | None) -> dict[str, Any]:
@@ -165,9 +168,10 @@ def build_index(train_root: Path, val_root: Path | None) -> dict[str, Any]:
 class ImageFolderDataset(Dataset):
     """Decodes lazily: ``__getitem__`` opens, converts, augments and preprocesses one image."""
 
-    def __init__(self, files: dict[str, np.ndarray], processor: Any, augment: bool) -> None:
-        self.paths = files["paths"]
-        self.labels = files["labels"]
+    def __init__(self, files: dict[str, torch.Tensor], processor: Any, augment: bool) -> None:
+        byte_matrix = files["paths"].numpy()
+        self.paths = byte_matrix.view(f"S{byte_matrix.shape[1]}").reshape(len(byte_matrix))
+        self.labels = files["labels"].numpy()
         self.processor = processor
         self.augment = augment
 

@@ -27,6 +27,7 @@ from ..log import log
 from ..task_spec import Batch, Task, TaskData, count_real_tokens
 
 FIELDS = ("text", "label")
+MAX_UNUSED_LABEL_IDS = 100  # integer labels may skip ids (classes absent from the training file), up to this
 CACHE_FORMAT = 2  # of the tokenization cache; part of its key, so an older cache is never read
 TOKENIZE_CHUNK = 1024  # lines per tokenizer call: bounded memory on rank 0, whatever the file size
 
@@ -67,8 +68,22 @@ def label_names(labels: Labels, path: str) -> list[str]:
         if kind == "integer" and label < 0:
             raise DataError(f"{path}:{line}: label {label} is negative; ids start at 0")
     if first_kind == "integer":
-        return [str(index) for index in range(max(label for label, _ in labels) + 1)]
+        return [str(index) for index in range(head_size(labels, path))]
     return sorted({label for label, _ in labels})
+
+
+def head_size(labels: Labels, path: str) -> int:
+    """The classes of a head for integer labels: ids 0 to the largest. A typo (1000000 among 0, 1, 2)
+    would train a head of a million classes for hours, so mostly-unused ids are refused."""
+    largest, line = max(labels)
+    used = len({label for label, _ in labels})
+    unused = largest + 1 - used
+    if unused > max(MAX_UNUSED_LABEL_IDS, 10 * used):
+        raise DataError(
+            f"{path}:{line}: label {largest} makes a head of {largest + 1} classes, {unused} of them never "
+            f"used ({used} distinct labels occur); renumber the labels from 0, or write them as strings"
+        )
+    return largest + 1
 
 
 def encode_labels(labels: Labels, names: list[str], kind: str | None, path: str) -> list[int]:
@@ -137,7 +152,7 @@ def build_data(config: Config, env: DistEnv) -> TaskData:
     )
     cache_file = Path(config.output_dir) / "cache" / f"text-classification-{key}.pt"
     tokenizer = load_tokenizer(config)
-    processed = cached(cache_file, lambda: preprocess(config, tokenizer), env)
+    processed = cached(cache_file, lambda: preprocess(config, tokenizer), env, [EncodedDataset])
     train, val = processed["train"], processed["val"]
     grouped = config.data.group_by_length
     return TaskData(

@@ -7,7 +7,9 @@ any process group exists, so a typo costs a second, not a cluster allocation.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -128,6 +130,9 @@ class CheckpointConfig:
     """Steps between checkpoints (one is also saved per epoch end); 0 = epoch ends only."""
     keep_last: int = 3
     """Checkpoints kept on disk; older ones are deleted."""
+    start_over: bool = False
+    """Move this output_dir's checkpoints, metrics and final/ into previous-<n>/ and train from step 0.
+    For a one-off rerun: a requeued job with it would start over at every restart."""
 
     def __post_init__(self) -> None:
         require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
@@ -185,6 +190,7 @@ class Config:
 
     def __post_init__(self) -> None:
         require(bool(self.output_dir.strip()), "output_dir", "must not be empty")
+        _require_finite(self)
         require(
             not (self.train.precision is Precision.fp16 and self.distributed.device is Device.cpu),
             "train.precision",
@@ -193,6 +199,16 @@ class Config:
 
     def to_yaml(self) -> str:
         return OmegaConf.to_yaml(OmegaConf.structured(self))
+
+
+def _require_finite(node: object, prefix: str = "") -> None:
+    """inf and nan parse as floats, and pass every range check that compares with them."""
+    for item in dataclasses.fields(node):  # type: ignore[arg-type]
+        value = getattr(node, item.name)
+        if dataclasses.is_dataclass(value):
+            _require_finite(value, f"{prefix}{item.name}.")
+        elif isinstance(value, float):
+            require(math.isfinite(value), f"{prefix}{item.name}", f"{value} is not a finite number")
 
 
 def default_config_path() -> Path:

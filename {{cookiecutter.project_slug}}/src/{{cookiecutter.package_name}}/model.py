@@ -42,7 +42,7 @@ def has_training_state_buffers(model: nn.Module) -> bool:
     then copies rank 0's to the others before every forward. Transformers' buffers (position ids,
     attention masks) are constants kept out of the state dict, and re-sending them each step costs
     as much as a layer's forward on a small model."""
-    return bool({name for name, _ in model.named_buffers()} & model.state_dict().keys())
+    return bool(state_buffers(model))
 
 
 def compile_model(model: nn.Module) -> nn.Module:
@@ -70,10 +70,35 @@ def skip_gradient_sync(model: nn.Module, skip: bool) -> AbstractContextManager:
     return nullcontext()
 
 
+def state_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The buffers that are part of the model's state (BatchNorm's running statistics), by name."""
+    saved = unwrap(model).state_dict().keys()
+    return [(name, buffer) for name, buffer in unwrap(model).named_buffers() if name in saved]
+
+
+def sync_state_buffers(model: nn.Module, world_size: int) -> None:
+    """Make the ranks' state buffers equal before they are evaluated or saved.
+
+    After the last step each rank's running statistics have seen its own last batch. Floating buffers
+    are averaged, so they reflect every rank's data; counters (BatchNorm's num_batches_tracked) are
+    equal already and stay rank 0's. A collective when there are state buffers; a no-op otherwise.
+    """
+    if not is_distributed():
+        return
+    for _, buffer in state_buffers(model):
+        if buffer.is_floating_point():
+            torch.distributed.all_reduce(buffer)
+            buffer.div_(world_size)
+        else:
+            torch.distributed.broadcast(buffer, src=0)
+
+
 def parameter_checksums(model: nn.Module) -> list[tuple[str, float, float]]:
-    """(name, sum, sum of squares) of every parameter in float64: equal lists mean equal replicas."""
+    """(name, sum, sum of squares) in float64 of every parameter and state buffer: equal lists mean
+    equal replicas."""
     checksums = []
-    for name, parameter in unwrap(model).named_parameters():
-        values = parameter.detach().double()
+    tensors = [*unwrap(model).named_parameters(), *state_buffers(model)]
+    for name, tensor in tensors:
+        values = tensor.detach().double()
         checksums.append((name, values.sum().item(), values.square().sum().item()))
     return checksums

@@ -16,9 +16,13 @@ def seed_everything(seed: int) -> None:
 
 
 def capture_rng_state() -> dict[str, Any]:
+    """Tensors and plain values only, so a checkpoint loads with ``weights_only=True``."""
+    legacy = np.random.get_state(legacy=True)
+    assert isinstance(legacy, tuple)  # (name, keys, position, has_gauss, cached_gaussian)
+    name, keys, position, has_gauss, cached_gaussian = legacy
     state = {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached_gaussian),
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -28,7 +32,8 @@ def capture_rng_state() -> dict[str, Any]:
 
 def restore_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, position, has_gauss, cached_gaussian = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), position, has_gauss, cached_gaussian))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

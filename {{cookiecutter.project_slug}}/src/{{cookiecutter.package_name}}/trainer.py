@@ -14,18 +14,32 @@ from .batch_plan import plan_batches
 from .checkpoint import Checkpointer
 from .config import Config
 from .data import to_device
-from .distributed import DistEnv, all_reduce_sum, all_reduce_sum_cpu, barrier, gather_objects
+from .distributed import (
+    DistEnv,
+    all_reduce_sum,
+    all_reduce_sum_cpu,
+    barrier,
+    broadcast_object,
+    gather_objects,
+)
 from .evaluation import evaluate
 from .log import log
 from .metrics import MetricsWriter
-from .model import compile_model, parameter_checksums, skip_gradient_sync
+from .model import compile_model, parameter_checksums, skip_gradient_sync, sync_state_buffers
+from .nonfinite import NonFiniteGuard
 from .precision import autocast
 from .preemption import Preempted, PreemptionWatch
 from .rng import seed_everything
-from .setup import build_training_state, download_first, prepare_output_dir, training_precision
+from .setup import (
+    build_training_state,
+    download_first,
+    prepare_output_dir,
+    record_config,
+    training_precision,
+)
 from .task_spec import Task, count_samples, dataset_size
 from .throughput import Throughput, device_peak_flops, training_flops_per_token
-from .trackers import open_tracker
+from .trackers import NoTracker, open_tracker
 
 
 class Trainer:
@@ -47,20 +61,34 @@ class Trainer:
         resumed = self.checkpointer.load_latest(self.state, config.seed)
         if not resumed:
             seed_everything(config.seed + env.rank)  # dropout etc. differ by rank, as they should
-        tracker = open_tracker(config, env, self.state.progress.step if resumed else None)
-        self.metrics = MetricsWriter(self.output_dir, env, tracker)
-        if resumed:
-            self.metrics.resume_from(self.state.progress.step)
+        # A rerun of a finished run changes nothing: no record, no tracker run, no config.yaml.
+        self.done_before = bool(resumed) and self.finished() and self.final_saved()
+        self.last_eval: dict[str, float] = {}
+        if self.done_before:
+            self.metrics = MetricsWriter(self.output_dir, env, NoTracker(), enabled=False)
+            self.last_eval = broadcast_object(self.metrics.evaluation_at(self.state.progress.step), env)
+        else:
+            record_config(self.output_dir, config, resumed, env)
+            tracker = open_tracker(config, env, resumed.step if resumed else None)
+            self.metrics = MetricsWriter(self.output_dir, env, tracker)
+            if resumed:  # an evaluation of the resumed step already on record is not repeated
+                self.last_eval = broadcast_object(self.metrics.resume_from(resumed.step), env)
+        self.nonfinite = NonFiniteGuard(env.device, config.train.lr, clipping=config.train.max_grad_norm > 0)
         if config.train.compile:
             self.state.model = compile_model(self.state.model)
         peak_flops = device_peak_flops(env.device, self.precision, config.train.peak_tflops)
         flops_per_token = training_flops_per_token(model) if peak_flops else 0.0
         self.throughput = Throughput(flops_per_token, peak_flops)
-        self.last_eval: dict[str, float] = {}
         self.bar = tqdm(disable=True)  # replaced by fit()'s progress bar
 
     def fit(self) -> dict[str, float]:
         """Train to the end (or ``train.max_steps``), save ``final/``, return the last eval metrics."""
+        if self.done_before:
+            log.info(
+                f"{self.output_dir} holds a finished run (step {self.state.progress.step}, final/ saved): "
+                "nothing to do; use a new output_dir, or checkpoint.start_over=true to train again"
+            )
+            return self.last_eval
         plan, data = self.plan, self.config.data
         log.info(
             f"training {plan.total_steps} steps on {self.env.world_size} process(es), "
@@ -75,6 +103,7 @@ class Trainer:
         outcome = "failed"
         try:
             self.train_to_the_end()
+            sync_state_buffers(self.state.model, self.env.world_size)
             if self.plan.val_loader is not None and self.last_eval.get("step") != self.state.progress.step:
                 self.evaluate()
             self.verify_replicas()
@@ -106,6 +135,9 @@ class Trainer:
         progress = self.state.progress
         return progress.step >= self.plan.total_steps or progress.epoch >= self.config.train.epochs
 
+    def final_saved(self) -> bool:
+        return bool(broadcast_object((self.output_dir / "final").is_dir(), self.env))
+
     def run_epoch(self) -> None:
         progress, sampler = self.state.progress, self.plan.sampler
         sampler.set_epoch(progress.epoch)
@@ -113,6 +145,9 @@ class Trainer:
         self.plan.train_loader.generator = torch.Generator().manual_seed(self.config.seed + progress.epoch)
         batches = iter(self.plan.train_loader)
         remaining_samples = len(sampler)  # this rank's, equal on every rank
+        if not remaining_samples:  # resumed with a larger global batch than this epoch has left
+            progress.epoch, progress.epoch_samples = progress.epoch + 1, 0
+            return
         self.state.model.train()
         while remaining_samples and progress.step < self.plan.total_steps:
             window_samples = min(self.plan.samples_per_step, remaining_samples)
@@ -123,7 +158,7 @@ class Trainer:
             self.bar.update(1)
             self.after_step(loss, epoch_done=remaining_samples == 0)
             if self.preemption.agreed():
-                self.checkpointer.save(self.state)
+                self.save_checkpoint()
                 # No rank exits before the checkpoint is on disk: schedulers stop a whole job when its
                 # first node exits (srun --kill-on-bad-exit, a PyTorchJob restarting its pods).
                 barrier()
@@ -157,10 +192,12 @@ class Trainer:
                     loss = self.task.loss_sum(state.model, batch) * (env.world_size / step_targets)
                 state.scaler.scale(loss).backward()
             total_loss += loss.detach().float()
-        train = self.config.train
+        train, grad_norm = self.config.train, None
         if train.max_grad_norm:
             state.scaler.unscale_(state.optimizer)  # clip the true gradients, not the scaled ones
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), train.max_grad_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), train.max_grad_norm)
+        scaled = state.scaler.is_enabled()  # fp16: the scaler skips steps with inf gradients itself
+        self.nonfinite.record(state.progress.step + 1, total_loss, None if scaled else grad_norm)
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.scheduler.step()
@@ -188,13 +225,20 @@ class Trainer:
         every = self.config.checkpoint.every_steps
         with self.throughput.paused():
             if self.plan.val_loader is not None and (evaluate_now or epoch_done or last_step):
+                sync_state_buffers(self.state.model, self.env.world_size)
                 self.evaluate()
             if (every and progress.step % every == 0) or epoch_done or last_step:
-                self.checkpointer.save(self.state)
+                self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
+        self.nonfinite.check()
+        sync_state_buffers(self.state.model, self.env.world_size)
+        self.checkpointer.save(self.state, self.config.to_yaml())
 
     def log_training(self, loss: torch.Tensor) -> None:
         """The only host synchronisation of the loop: every ``train.log_every_steps`` steps, one all-reduce
         of the loss and every rank's token and data-wait counts."""
+        self.nonfinite.check()
         world_size = self.env.world_size
         counts = torch.tensor(self.throughput.local_counts(), dtype=torch.float64, device=self.env.device)
         loss_sum, tokens, waited = all_reduce_sum(torch.cat([loss.double().view(1), counts])).tolist()

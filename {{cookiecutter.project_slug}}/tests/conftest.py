@@ -192,10 +192,10 @@ def without_dropout(model_dir: Path, copy: Path) -> Path:
     return copy
 
 
-@pytest.fixture
-def deterministic(demo, tmp_path: Path) -> list[str]:
-    directory, overrides = demo
-    model = without_dropout(directory / "model", tmp_path / "model")
+def deterministic_overrides(demo: tuple[Path, list[str]], directory: Path) -> list[str]:
+    """Overrides for runs that differ by their arithmetic only: no dropout, fp32, no random augmentation."""
+    demo_directory, overrides = demo
+    model = without_dropout(demo_directory / "model", directory / "model")
     kept = [item for item in overrides if not item.startswith(("model.pretrained=", "data.batch_size="))]
     return [
         *ON_THIS_MACHINE,
@@ -204,3 +204,14 @@ def deterministic(demo, tmp_path: Path) -> list[str]:
         "train.precision=fp32",
         *REPRODUCIBLE,
     ]
+
+
+@pytest.fixture
+def deterministic(demo, tmp_path: Path) -> list[str]:
+    return deterministic_overrides(demo, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def deterministic_module(demo, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """``deterministic``, shared by the tests of one module (its model copy is read-only)."""
+    return deterministic_overrides(demo, tmp_path_factory.mktemp("deterministic"))

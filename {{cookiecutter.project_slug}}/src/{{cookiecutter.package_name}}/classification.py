@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .task_spec import Batch
+from .task_spec import Batch, at_least_fp32
 
 SUM_NAMES = ("loss", "correct", "count")
 Logits = Callable[[nn.Module, Batch], torch.Tensor]
@@ -19,7 +19,7 @@ def loss_sum(logits: Logits, labels_key: str = "labels") -> Callable[[nn.Module,
     """The summed cross-entropy of a batch, in fp32 whatever the autocast dtype."""
 
     def summed(model: nn.Module, batch: Batch) -> torch.Tensor:
-        return F.cross_entropy(logits(model, batch).float(), batch[labels_key], reduction="sum")
+        return F.cross_entropy(at_least_fp32(logits(model, batch)), batch[labels_key], reduction="sum")
 
     return summed
 
@@ -28,7 +28,7 @@ def evaluation_sums(
     logits: Logits, labels_key: str = "labels"
 ) -> Callable[[nn.Module, Batch], dict[str, torch.Tensor]]:
     def sums(model: nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
-        scores, labels = logits(model, batch).float(), batch[labels_key]
+        scores, labels = at_least_fp32(logits(model, batch)), batch[labels_key]
         return {
             "loss": F.cross_entropy(scores, labels, reduction="sum").double(),
             "correct": (scores.argmax(dim=-1) == labels).sum().double(),

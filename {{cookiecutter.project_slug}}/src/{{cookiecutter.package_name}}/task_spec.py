@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 Batch = dict[str, torch.Tensor]
 
 
+def at_least_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    """Losses are computed in fp32 whatever the autocast dtype; a float64 run stays float64."""
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
 def dataset_size(dataset: Dataset) -> int:
     """The length of a map-style dataset (torch's ``Dataset`` type does not declare ``__len__``)."""
     return len(dataset)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from ..data import DataError, cached, chunks, fingerprint, iter_jsonl
 from ..distributed import DistEnv
 from ..hf import quiet_transformers, save_pretrained
 from ..log import log
-from ..task_spec import Batch, Task, TaskData, count_real_tokens
+from ..task_spec import Batch, Task, TaskData, at_least_fp32, count_real_tokens
 
 FIELDS = ("text",)
 IGNORE_INDEX = -100  # label of padding: no loss
@@ -167,7 +167,10 @@ def _token_losses(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.T
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     targets = batch["labels"][:, 1:]
     losses = F.cross_entropy(
-        logits[:, :-1].flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+        at_least_fp32(logits[:, :-1].flatten(0, 1)),
+        targets.flatten(),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
     )
     return losses, targets.flatten() != IGNORE_INDEX
 

@@ -24,7 +24,7 @@ from torch.utils.data import Dataset, TensorDataset
 from ..config import Config
 from ..data import DataError
 from ..distributed import DistEnv
-from ..task_spec import Batch, Task, TaskData
+from ..task_spec import Batch, Task, TaskData, at_least_fp32
 
 # ---- YOUR CODE 1: the model ----------------------------------------------------------------------
 MODEL_CONFIG = {"in_features": 32, "hidden": 64, "classes": 4}
@@ -49,7 +49,7 @@ class Model(nn.Module):
 def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The loss summed over the batch: the shared loop divides by the samples of the whole step (all
     micro-batches and ranks), and evaluation adds the sums up over every batch."""
-    return F.cross_entropy(outputs.float(), targets, reduction="sum")
+    return F.cross_entropy(at_least_fp32(outputs), targets, reduction="sum")
 
 
 # ---- YOUR CODE 3: the data -----------------------------------------------------------------------

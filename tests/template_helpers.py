@@ -207,5 +207,23 @@ def cookiecutter_cli(
     return run(cmd, cwd=output_dir.parent)
 
 
+# The skips a generated suite may report on this machine: tests of options this project does not have.
+# Any other skip (a missing package, a fixture that gave up) fails the template test that ran the suite.
+EXPECTED_SKIPS = (
+    "GPU device selection: GPU projects only",  # tests/test_launch_script.py in a CPU project
+    "wandb's login",  # tests/test_tracker.py with another tracker
+)
+
+
+def run_generated_suite(project: Path, args: list[str], env: dict[str, str], timeout: float = 900):
+    """The project's own pytest with skip reasons listed (-rs), failing on any unexpected skip."""
+    command = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args]
+    proc = run(command, cwd=project, env=env, timeout=timeout)
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    unexpected = [line for line in skipped if not line.rstrip().endswith(EXPECTED_SKIPS)]
+    assert not unexpected, f"unexpected skips in {project.name}'s suite:\n" + "\n".join(unexpected)
+    return proc
+
+
 def lines_starting_with(text: str, prefix: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(prefix)]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 
 import pytest
 import yaml
@@ -25,7 +24,7 @@ from template_helpers import (
     list_files,
     ruff_check,
     ruff_format_check,
-    run,
+    run_generated_suite,
     shellcheck,
 )
 
@@ -177,8 +176,7 @@ def test_generated_cluster_tests_pass(render, case):
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # shellcheck, and this interpreter's tools
     env["PYTHONPATH"] = str(project.path / "src")
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
-    proc = run(command, cwd=project.path, env=env, timeout=300)
+    proc = run_generated_suite(project.path, tests, env, timeout=300)
     assert proc.returncode == 0, describe(proc)
     assert "failed" not in proc.stdout and " passed" in proc.stdout, describe(proc)
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from template_helpers import MODEL_TYPES, VENV_BIN, describe, run
+from template_helpers import MODEL_TYPES, VENV_BIN, describe, run, run_generated_suite
 
 pytestmark = pytest.mark.slow
 
@@ -65,9 +65,8 @@ def test_generated_project_passes_its_own_test_suite(bake_ok, model_type):
     test_file = project.path / "tests" / f"test_{model_type.replace('-', '_')}.py"
     assert test_file.is_file(), f"the {model_type} project ships no {test_file.name}"
 
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
-    command += ["-m", SUITE_SELECTION[model_type]]
-    proc = run(command, cwd=project.path, env=project_env(project.path), timeout=900)
+    selection = ["-x", "-m", SUITE_SELECTION[model_type]]
+    proc = run_generated_suite(project.path, selection, project_env(project.path))
     assert proc.returncode == 0, describe(proc)
     assert " passed" in proc.stdout, describe(proc)
 

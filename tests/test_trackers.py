@@ -3,7 +3,6 @@ each tracker fed by rank 0 of a real two-process run (the project's own tests/te
 
 from __future__ import annotations
 
-import sys
 import tomllib
 
 import pytest
@@ -16,7 +15,7 @@ from template_helpers import (
     list_files,
     ruff_check,
     ruff_format_check,
-    run,
+    run_generated_suite,
 )
 from test_generated_project_slow import CPU_ANSWERS, project_env
 
@@ -56,6 +55,5 @@ def test_unknown_tracker_is_refused(bake):
 @pytest.mark.parametrize("tracker", [t for t in TRACKERS if t != "none"])
 def test_rank_0_feeds_the_chosen_tracker(bake_ok, tracker):
     project = bake_ok(tracker=tracker, model_type="custom", **CPU_ANSWERS)
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/test_tracker.py"]
-    proc = run(command, cwd=project.path, env=project_env(project.path), timeout=900)
+    proc = run_generated_suite(project.path, ["-x", "tests/test_tracker.py"], project_env(project.path))
     assert proc.returncode == 0, describe(proc)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import platform
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,8 +100,22 @@ def test_bf16_falls_back_to_fp32_where_the_hardware_lacks_it(monkeypatch) -> Non
     assert precision_module.effective_precision(Precision.bf16, CPU) is Precision.bf16
 
 
-def test_bf16_support_is_answered_on_this_machine() -> None:
-    assert isinstance(precision_module.bf16_supported(CPU), bool)
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {
+        flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":")[1].split()
+    }
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or not cpu_flags(), reason="x86 flags")
+def test_bf16_support_follows_this_cpus_instruction_set() -> None:
+    """oneDNN computes bf16 with AVX-512 (BW, VL, DQ) or AMX; a CPU with neither would only emulate it."""
+    flags = cpu_flags()
+    native = {"avx512bw", "avx512vl", "avx512dq"} <= flags or "amx_bf16" in flags
+    assert precision_module.bf16_supported(CPU) is native
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from conftest import read_metrics, run_launch
 
 from {{ cookiecutter.package_name }}.config import TrackerName, load_config
-from {{ cookiecutter.package_name }}.trackers import RUN_FILE, tracked_values
+from {{ cookiecutter.package_name }}.trackers import RUN_FILE
 
 pytestmark = pytest.mark.slow
 TRACKER = load_config([]).tracker.name
@@ -28,11 +28,21 @@ def offline(tmp_path: Path) -> dict[str, str]:
 
 
 def expected_series(output_dir: Path) -> Series:
+    """The README's naming, written out here rather than taken from the code under test: a training
+    record's numbers as ``train/<key>``, an evaluation record's as ``eval/<key without eval_>``; the
+    step is the x axis and the wall-clock time stays out."""
     series: Series = {}
     for record in read_metrics(output_dir):
-        step, values = tracked_values(record)
-        for tag, value in values.items():
-            series.setdefault(tag, []).append((step, value))
+        evaluation = "eval_loss" in record
+        for key, value in record.items():
+            if key in ("step", "time"):
+                continue
+            tag = (
+                f"eval/{key[len('eval_') :] if key.startswith('eval_') else key}"
+                if evaluation
+                else f"train/{key}"
+            )
+            series.setdefault(tag, []).append((record["step"], float(value)))
     return series
 
 
@@ -121,7 +131,9 @@ def test_rank_0_feeds_the_tracker_and_a_resumed_run_continues_it(demo, tmp_path:
     series, runs = READERS[TRACKER](output_dir, tmp_path)
     assert len(runs) == 1, f"one tracker run expected (rank 0's), found {runs}"
     expected = expected_series(output_dir)
-    assert {"train/loss", "train/lr", "train/samples_per_s", "eval/loss"} <= set(expected)
+    assert {"train/loss", "train/lr", "train/samples_per_s", "train/epoch", "eval/loss", "eval/epoch"} <= set(
+        expected
+    )
     assert_same_series(expected, series)
 
     run_file = output_dir / RUN_FILE

@@ -146,16 +146,21 @@ def test_missing_folder_or_a_file_is_refused_before_training(demo, tmp_path: Pat
             checks.check_config(config)
 
 
-def test_other_files_are_skipped_with_one_warning(demo, tmp_path: Path, caplog) -> None:
+@pytest.mark.parametrize(
+    ("others", "entries"),
+    [(1, "1 entry that is not an image file"), (2, "2 entries that are not image files")],
+)
+def test_other_files_are_skipped_with_one_warning(demo, tmp_path: Path, caplog, others: int, entries: str) -> None:
     train = _split(tmp_path / "train", {"a": 1, "b": 1})
-    (train / "a" / "notes.txt").write_text("")
+    for number in range(others):
+        (train / "a" / f"notes{number}.txt").write_text("")
     (train / "a" / ".DS_Store").write_text("")
     (train / ".hidden-class").mkdir()
     with caplog.at_level(logging.WARNING):
         data = _data(demo, tmp_path, train)
     assert len(data.train) == 2
     assert [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING] == [
-        f"skipped 1 entries that are not image files in a class folder, e.g. {train / 'a' / 'notes.txt'}"
+        f"skipped {entries} in a class folder, e.g. {train / 'a' / 'notes0.txt'}"
     ]
 
 

@@ -59,7 +59,17 @@ def test_integer_labels_keep_their_values(demo, tmp_path: Path) -> None:
         (['{"text": "a", "label": 1}', "{not json"], None, "train.jsonl:2: not valid JSON"),
         ([{"text": "a", "label": 1}, {"text": "b"}], None, "train.jsonl:2: missing field 'label'"),
         ([{"label": 1}], None, "train.jsonl:1: missing field 'text'"),
-        ([{"text": "a", "label": 1}, {"text": "b", "label": "x"}], None, "train.jsonl:2: label 'x' must be"),
+        (
+            [{"text": "a", "label": "x"}, {"text": "b", "label": "y"}, {"text": "c", "label": 1}],
+            None,
+            "train.jsonl: line 3 has an integer label, line 1 a string label; use one kind",
+        ),
+        (
+            [{"text": "a", "label": 1}, {"text": "b", "label": "x"}],
+            None,
+            "train.jsonl: line 2 has a string label, line 1 an integer label; use one kind",
+        ),
+        ([{"text": "a", "label": 1}, {"text": "b", "label": 1.5}], None, "train.jsonl:2: label 1.5 must be"),
         ([{"text": "a", "label": -1}], None, "train.jsonl:1: label -1 is negative"),
         ([{"text": "a", "label": True}], None, "train.jsonl:1: label True must be"),
         ([{"text": 5, "label": 0}], None, "train.jsonl:1: field 'text' must be a string"),

@@ -150,7 +150,9 @@ def test_missing_folder_or_a_file_is_refused_before_training(demo, tmp_path: Pat
     ("others", "entries"),
     [(1, "1 entry that is not an image file"), (2, "2 entries that are not image files")],
 )
-def test_other_files_are_skipped_with_one_warning(demo, tmp_path: Path, caplog, others: int, entries: str) -> None:
+def test_other_files_are_skipped_with_one_warning(
+    demo, tmp_path: Path, caplog, others: int, entries: str
+) -> None:
     train = _split(tmp_path / "train", {"a": 1, "b": 1})
     for number in range(others):
         (train / "a" / f"notes{number}.txt").write_text("")

@@ -90,11 +90,14 @@ def encode_labels(labels: Labels, names: list[str], kind: str | None, path: str)
     return encoded
 
 
-def load_tokenizer(config: Config) -> Any:
-    tokenizer = AutoTokenizer.from_pretrained(config.model.pretrained)
+def with_pad_token(tokenizer: Any) -> Any:
     if tokenizer.pad_token is None:  # GPT-2/Llama-style tokenizers have none; reuse the end token
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return tokenizer
+
+
+def load_tokenizer(config: Config) -> Any:
+    return with_pad_token(AutoTokenizer.from_pretrained(config.model.pretrained))
 
 
 def max_length(config: Config, tokenizer: Any) -> int:

@@ -11,10 +11,17 @@ from pathlib import Path
 import pytest
 from conftest import PACKAGE, PROJECT
 
-from {{ cookiecutter.package_name }}.config import Device, load_config
-from {{ cookiecutter.package_name }}.demo import cpu_overrides
+# One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.config import (
+    Device,
+    load_config,
+)
+from {{ cookiecutter.package_name }}.demo import (
+    cpu_overrides,
+)
 
-GPU_RUN = ["distributed.device=cuda", "distributed.backend=nccl"]
+GPU_RUN = ["distributed.device=cuda", "distributed.backend=nccl", "train.precision=bf16"]
+CPU_RUN = ["distributed.device=cpu", "distributed.backend=gloo", "train.precision=fp32"]
 
 
 def test_a_gpu_run_without_cuda_moves_to_the_cpu_with_gloo() -> None:
@@ -32,7 +39,7 @@ def test_fp16_becomes_fp32_on_the_cpu() -> None:
 
 @pytest.mark.parametrize(
     ("run", "cuda_available"),
-    [(GPU_RUN, True), (["distributed.device=cpu", "distributed.backend=gloo"], False)],
+    [(GPU_RUN, True), (CPU_RUN, False)],
 )
 def test_runs_that_can_train_here_keep_their_settings(run: list[str], cuda_available: bool) -> None:
     assert cpu_overrides(load_config(run), cuda_available) == []

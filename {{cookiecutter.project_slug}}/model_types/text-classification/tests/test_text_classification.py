@@ -15,7 +15,10 @@ from {{ cookiecutter.package_name }} import classification
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import DataError
 from {{ cookiecutter.package_name }}.distributed import DistEnv
-from {{ cookiecutter.package_name }}.hf import load_classifier, save_pretrained
+from {{ cookiecutter.package_name }}.hf import (
+    load_classifier,
+    save_pretrained,
+)
 from {{ cookiecutter.package_name }}.model_type import task
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

@@ -76,21 +76,37 @@ def make_executable(project: Path) -> None:
         path.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
 
-def print_next_steps(project: Path) -> None:
-    package = ANSWERS["package_name"]
+# torch's CPU build: a CPU project installs it first, so pip keeps it instead of the CUDA build.
+CPU_TORCH = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
+def next_steps(project: Path) -> list[tuple[str, str]]:
+    """(command, comment) of each step: the README's quickstart, as it runs on the machine the answers
+    describe (2 CPU processes, or one process per GPU)."""
+    gpus = int(ANSWERS["gpus_per_node"])
+    launch = f"NPROC_PER_NODE={gpus or 2} ./launch.sh $(cat demo/overrides.txt)"
     steps = [
-        f"cd {project.name}",
-        "python -m venv .venv && . .venv/bin/activate && pip install -e '.[test]'",
-        f"python -m {package}.demo                      # tiny local checkpoint + demo data, offline",
-        "NPROC_PER_NODE=2 ./launch.sh $(cat demo/overrides.txt)   # fine-tune it with 2 processes",
-        "pytest                                         # the project's own tests",
+        (f"cd {project.name}", ""),
+        ("python -m venv .venv && . .venv/bin/activate", "a fresh environment"),
+        *([(CPU_TORCH, "the CPU build of torch: no CUDA packages")] if gpus == 0 else []),
+        ("pip install -e '.[test]'", "this project" + (", torch" if gpus else "") + " and the test tools"),
+        (f"python -m {ANSWERS['package_name']}.demo", "tiny local checkpoint + demo data, offline"),
+        (launch, "fine-tune it with 2 CPU processes" if gpus == 0 else "fine-tune it, one process per GPU"),
+        ("pytest", "the project's own tests"),
     ]
     if ANSWERS["slurm"]:
-        steps.append("sbatch slurm/train.sbatch [key=value ...]      # on a SLURM cluster, see README")
+        steps.append(("sbatch slurm/train.sbatch [key=value ...]", "on a SLURM cluster, see README"))
     if ANSWERS["kubernetes"]:
-        steps.append("kubectl apply -f k8s/pytorchjob.yaml           # on Kubernetes, see README")
+        steps.append(("kubectl apply -f k8s/pytorchjob.yaml", "on Kubernetes, see README"))
+    return steps
+
+
+def print_next_steps(project: Path) -> None:
+    steps = next_steps(project)
+    width = max(len(command) for command, comment in steps if comment)
+    lines = [f"{command.ljust(width)}  # {comment}" if comment else command for command, comment in steps]
     print(f"\nCreated {project.name}/ ({ANSWERS['model_type']}). Next steps:")
-    print("".join(f"  {step}\n" for step in steps))
+    print("".join(f"  {line}\n" for line in lines))
 
 
 if __name__ == "__main__":

@@ -141,14 +141,22 @@ def test_pytorchjob_carries_the_answers(render, case):
 
 @pytest.mark.parametrize("case", KUBERNETES_CASES, ids=case_id)
 def test_dockerfile_builds_the_project_image(render, case):
-    _, _, project = render(case)
+    answers, _, project = render(case)
     lines = (project.path / "Dockerfile").read_text(encoding="utf-8").splitlines()
-    assert [line for line in lines if line.startswith("FROM ")] == [
-        "FROM pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime"
-    ]
-    assert "RUN pip install --no-cache-dir ." in lines
-    assert lines[-1] == 'ENTRYPOINT ["./launch.sh"]'
+    base = "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime" if int(answers["gpus_per_node"]) else "python:3.11-slim"
+    assert [line for line in lines if line.startswith("FROM ")] == [f"FROM {base}"]
+    cpu_torch = "    pip install torch --index-url https://download.pytorch.org/whl/cpu && \\"
+    assert (cpu_torch in lines) == (answers["gpus_per_node"] == "0")
+    assert lines[0] == "# syntax=docker/dockerfile:1"  # BuildKit: the cache mounts and COPY --chmod
+    assert lines[-2:] == ["USER 1000:1000", 'ENTRYPOINT ["./launch.sh"]']
     assert "outputs/" in (project.path / ".dockerignore").read_text(encoding="utf-8").splitlines()
+
+
+@pytest.mark.parametrize("case", KUBERNETES_CASES, ids=case_id)
+def test_dockerfile_passes_hadolint(render, case):
+    _, _, project = render(case)
+    proc = run([str(VENV_BIN / "hadolint"), "--no-color", "Dockerfile"], cwd=project.path)
+    assert proc.returncode == 0 and proc.stdout == "", describe(proc)
 
 
 def test_readme_documents_the_chosen_clusters_only(rendered):

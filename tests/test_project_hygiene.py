@@ -23,12 +23,17 @@ def project(cookies_session):
     return result.project_path
 
 
-def test_pre_commit_runs_the_ruff_that_ci_runs(project):
+def test_ruff_is_pinned_once_in_the_test_extra_that_ci_and_pre_commit_use(project):
+    extra = tomllib.loads((project / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    assert [spec for spec in extra if spec.startswith("ruff")] == [f"ruff=={PINNED_RUFF}"]  # the template's
     config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text())
     hooks = {hook["id"]: hook for repo in config["repos"] for hook in repo["hooks"]}
     assert set(hooks) == {"ruff-check", "ruff-format"}
-    for hook in hooks.values():
-        assert hook["additional_dependencies"] == [f"ruff=={PINNED_RUFF}"]
+    for hook in hooks.values():  # the environment's ruff, which the test extra installed; no second pin
+        assert hook["language"] == "system" and hook["entry"].startswith("ruff ")
+        assert "additional_dependencies" not in hook
+    workflow = (project / ".github" / "workflows" / "tests.yml").read_text()
+    assert "ruff" not in workflow.replace("which pins ruff", "")  # CI gets it from the extra only
 
 
 def test_workflow_lints_and_runs_the_tests_on_cpu(project):
@@ -67,6 +72,7 @@ def test_package_is_typed(project):
 @pytest.mark.slow
 def test_pre_commit_hooks_pass_and_catch_a_lint_error(project, tmp_path: Path):
     env = {**os.environ, "PRE_COMMIT_HOME": str(tmp_path / "pre-commit-home")}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env['PATH']}"  # the project's environment, active: its ruff
     pre_commit = [str(VENV_BIN / "pre-commit"), "run", "--all-files"]
     for command in (["git", "init", "-q"], ["git", "add", "-A"]):
         subprocess.run(command, cwd=project, check=True)

@@ -24,7 +24,7 @@ def run_command(command: str, *args: str, cwd: Path) -> subprocess.CompletedProc
     )
 
 
-@pytest.mark.parametrize("command", ["demo", "plot", "doctor", "config_reference"])
+@pytest.mark.parametrize("command", ["demo", "plot", "doctor", "config_reference", "predict"])
 def test_help_has_no_side_effects(command: str, tmp_path: Path) -> None:
     result = run_command(command, "--help", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -32,7 +32,14 @@ def test_help_has_no_side_effects(command: str, tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []  # e.g. no folder named --help
 
 
-@pytest.mark.parametrize(("command", "args"), [("config_reference", ["--chek"]), ("demo", ["a", "b"])])
+@pytest.mark.parametrize(
+    ("command", "args"),
+    [
+        ("config_reference", ["--chek"]),
+        ("demo", ["a", "b"]),
+        ("predict", ["final", "in", "--batch-size", "0"]),
+    ],
+)
 def test_misuse_is_one_line(command: str, args: list[str], tmp_path: Path) -> None:
     result = run_command(command, *args, cwd=tmp_path)
     assert result.returncode == 2

@@ -1,7 +1,9 @@
 """k8s/pytorchjob.yaml, k8s/storage.yaml and the Dockerfile: the manifests parse and carry the answers
 (pods, processes and GPUs per pod), every pod mounts the one volume that holds output_dir, launch.sh builds
 the right torchrun command line in the environment the training operator gives each pod, and the
-Dockerfile installs this project on a CUDA PyTorch image with launch.sh as the entry point."""
+Dockerfile installs this project on a CUDA PyTorch image (slim Python with the CPU build of torch for a CPU
+project) in layers that a code change does not re-download, as an unprivileged user, with launch.sh as the
+entry point."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ def test_one_pod_per_node_restarted_on_failure() -> None:
 def test_each_pod_runs_a_process_per_gpu() -> None:
     assert JOB["spec"]["nprocPerNode"] == str(RENDERED_GPUS or 1)  # a string in the v1 API
     assert CONTAINER["name"] == "pytorch"  # the container the operator configures
-    limits = CONTAINER.get("resources", {}).get("limits", {})
+    limits = CONTAINER["resources"].get("limits", {})
     assert limits.get("nvidia.com/gpu") == (RENDERED_GPUS or None)
     assert {"name": "pytorchjob-port", "containerPort": OPERATOR_PORT} in CONTAINER["ports"]
     env = {item["name"]: item["value"] for item in CONTAINER["env"]}
@@ -112,15 +114,22 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
     return [(kind.upper(), arguments.strip()) for kind, arguments in words]
 
 
-def test_dockerfile_installs_the_project_on_cuda_pytorch_with_launch_sh_as_entry_point() -> None:
+def test_dockerfile_installs_the_project_on_its_base_with_launch_sh_as_entry_point() -> None:
     steps = dockerfile_instructions()
     kinds = [kind for kind, _ in steps]
     image = steps[0][1] if kinds[0] == "FROM" else ""
-    assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-(runtime|devel)", image), image
+    # CUDA PyTorch; a CPU project's image needs neither CUDA nor the CUDA build of torch.
+    cuda_pytorch = r"pytorch/pytorch:\d+\.\d+\.\d+-cuda[\d.]+-cudnn\d+-(runtime|devel)"
+    assert re.fullmatch(cuda_pytorch if RENDERED_GPUS else r"python:3\.\d+-slim", image), image
     assert kinds.count("FROM") == 1 and kinds.count("ENTRYPOINT") == 1
     assert json.loads(dict(steps)["ENTRYPOINT"]) == ["./launch.sh"]  # the PyTorchJob's args are overrides
     assert dict(steps)["WORKDIR"].startswith("/")
-    install = steps.index(("RUN", "pip install --no-cache-dir ."))
+    runs = {arguments: position for position, (kind, arguments) in enumerate(steps) if kind == "RUN"}
+    dependencies = next(at for arguments, at in runs.items() if "-r /tmp/requirements" in arguments)
+    install = next(position for arguments, position in runs.items() if arguments.endswith("--no-deps ."))
+    assert all("--mount=type=cache,target=/root/.cache/pip" in steps[at][1] for at in (dependencies, install))
+    cpu_torch = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+    assert (cpu_torch in steps[dependencies][1]) == (RENDERED_GPUS == 0)
 
     copied = {}  # source -> position
     for position, (kind, arguments) in enumerate(steps):
@@ -128,10 +137,30 @@ def test_dockerfile_installs_the_project_on_cuda_pytorch_with_launch_sh_as_entry
             *sources, _ = [word for word in arguments.split() if not word.startswith("--")]
             copied.update(dict.fromkeys(sources, position))
     assert {"pyproject.toml", "src", "launch.sh"} <= copied.keys()
-    assert copied["pyproject.toml"] < install and copied["src"] < install
+    # The dependencies' layer depends on pyproject.toml alone: a change to src/ downloads nothing again.
+    assert copied["pyproject.toml"] < dependencies < copied["src"] < install
     lines = (PROJECT / ".dockerignore").read_text(encoding="utf-8").splitlines()
     ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
     for source in copied:
         assert (PROJECT / source).exists(), f"COPY {source}: no such file"
         assert not {source, f"{source}/"} & ignored, f"{source} is in .dockerignore"
     assert {"outputs/", "demo/", ".venv/"} <= ignored  # no run outputs or environments in the image
+
+
+def test_the_image_and_the_pods_run_as_an_unprivileged_user() -> None:
+    steps = dockerfile_instructions()
+    assert [arguments for kind, arguments in steps if kind == "USER"] == ["1000:1000"]  # numeric: checkable
+    assert steps[-2] == ("USER", "1000:1000") and steps[-1][0] == "ENTRYPOINT"  # launch.sh runs as 1000
+    for pod in (POD, FILES_POD["spec"]):
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True
+        assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (1000, 1000, 1000)
+
+
+def test_pods_request_cpu_and_memory_and_bound_shared_memory() -> None:
+    processes = RENDERED_GPUS or 1
+    requests = CONTAINER["resources"]["requests"]
+    assert requests == {"cpu": str(4 * processes), "memory": f"{16 * processes}Gi"}
+    shm = next(volume for volume in POD["volumes"] if volume["name"] == "shm")["emptyDir"]
+    assert shm == {"medium": "Memory", "sizeLimit": f"{2 * processes}Gi"}
+    assert mount_of("shm") == "/dev/shm"

@@ -13,8 +13,10 @@ from conftest import METRIC, PACKAGE, PROJECT
 
 from {{ cookiecutter.package_name }}.plot import (
     DPI,
+    LR_TITLE,
     PANEL_SIZE,
     collect_series,
+    draw,
     main,
     panels,
     read_records,
@@ -50,10 +52,17 @@ def test_panels_put_eval_loss_with_loss_then_lr_then_eval_metrics_then_the_rest(
     layout = panels(collect_series(read_records(write_run(tmp_path))))
     assert layout == [
         ("loss", ["loss", "eval_loss"]),
-        ("learning rate", ["lr"]),
+        (LR_TITLE, ["lr"]),
         (METRIC, [METRIC]),
         ("samples_per_s", ["samples_per_s"]),
     ]
+
+
+def test_the_learning_rate_is_drawn_as_the_samples_it_is(tmp_path: Path) -> None:
+    figure = draw(collect_series(read_records(write_run(tmp_path))), "run")
+    lr_panel = next(ax for ax in figure.axes if ax.get_title(loc="left") == LR_TITLE)
+    assert "logged steps" in LR_TITLE and "train.log_every_steps" in LR_TITLE
+    assert [line.get_marker() for line in lr_panel.get_lines()] == ["o"]  # a point per record
 
 
 def test_writes_a_real_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import NoReturn
 
 
@@ -20,3 +21,18 @@ def command_parser(command: str, description: str) -> CommandParser:
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+
+
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer of at least ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+        return value
+
+    return parse

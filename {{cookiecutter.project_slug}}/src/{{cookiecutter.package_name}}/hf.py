@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from .task_spec import PredictError
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -42,3 +44,47 @@ def save_pretrained(model: nn.Module, preprocessor: Any, directory: Path) -> Non
     so ``from_pretrained(directory)`` loads both."""
     model.save_pretrained(directory, safe_serialization=True)  # type: ignore[operator]
     preprocessor.save_pretrained(directory)
+
+
+def _first_line(error: Exception) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def load_fine_tuned(auto_class: Any, model_dir: Path, kind: str) -> PreTrainedModel:
+    """The model saved in ``model_dir`` by training (a ``final/``), in fp32 and in eval mode.
+
+    A folder whose weights leave part of the model to be initialised at random (a pretrained checkpoint
+    without the head, or another type's model) is refused: its predictions would be noise. This is the
+    one place predict reads a model folder, so another kind of folder (an adapter beside its base model)
+    is a change here alone.
+    """
+    import torch
+
+    if not (model_dir / "config.json").is_file():
+        raise PredictError(
+            f"{model_dir}: no config.json; pass a folder saved by training, e.g. outputs/run/final"
+        )
+    quiet_transformers()
+    try:
+        model, info = auto_class.from_pretrained(model_dir, output_loading_info=True, dtype=torch.float32)
+    except (OSError, ValueError, KeyError) as error:
+        raise PredictError(f"{model_dir}: cannot load a {kind} ({_first_line(error)})") from None
+    mismatched = (key[0] if isinstance(key, tuple) else key for key in info["mismatched_keys"])
+    missing = sorted(info["missing_keys"]) + sorted(str(key) for key in mismatched)
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise PredictError(
+            f"{model_dir}: not a fine-tuned {kind}: its weights lack {missing[0]}{more}; "
+            "pass the final/ folder of a training run"
+        )
+    return model.eval()
+
+
+def load_preprocessor(auto_class: Any, model_dir: Path, **options: Any) -> Any:
+    """The tokenizer or image processor saved beside the model in ``model_dir``."""
+    try:
+        return auto_class.from_pretrained(model_dir, **options)
+    except (OSError, ValueError, KeyError) as error:
+        reason = _first_line(error)
+        raise PredictError(f"{model_dir}: cannot load its {auto_class.__name__} ({reason})") from None

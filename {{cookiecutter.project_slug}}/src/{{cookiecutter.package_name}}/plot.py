@@ -2,7 +2,9 @@
 
 Panels against step: training loss with eval_loss on the same axes, the learning rate, then one panel
 per other metric found: the evaluation metrics (eval_accuracy or eval_perplexity), then the rest
-(samples_per_s, ...).
+(samples_per_s, ...). Training records come every ``train.log_every_steps`` steps, so the learning rate
+is drawn as the samples it is (a point per record): a warmup that ends between two records shows its
+peak at neither.
 """
 
 from __future__ import annotations
@@ -11,15 +13,22 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .cli import command_parser
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DESCRIPTION = """Reads OUTPUT_DIR/metrics.jsonl (default OUTPUT_DIR: outputs/run), writes
 OUTPUT_DIR/metrics.png and prints its path. Works on a run in progress, or one that was killed."""
 
 # The x axis and its companion, not metrics. FIXED_PANELS come first; any other number gets its own panel.
 NOT_PLOTTED = {"step", "epoch", "time"}
-FIXED_PANELS = [("loss", ["loss", "eval_loss"]), ("learning rate", ["lr"])]
+LR_TITLE = "learning rate, at the logged steps only (train.log_every_steps)"
+FIXED_PANELS = [("loss", ["loss", "eval_loss"]), (LR_TITLE, ["lr"])]
+# Drawn as points: evaluations are few (and a lone point draws no line), and lr is a sample per record.
+MARKED = ("eval_", "lr")
 PANEL_SIZE = (7.0, 2.2)  # inches; with DPI, keeps the PNG small enough to commit
 DPI = 90
 
@@ -74,7 +83,7 @@ def panels(series: Series) -> list[tuple[str, list[str]]]:
     return [(title, [key for key in keys if key in series]) for title, keys in layout if series.keys() & keys]
 
 
-def render(series: Series, title: str, path: Path) -> None:
+def draw(series: Series, title: str) -> Figure:
     try:
         from matplotlib.figure import Figure  # no pyplot: no global state, no display
     except ImportError as error:
@@ -85,8 +94,7 @@ def render(series: Series, title: str, path: Path) -> None:
     for ax, (panel_title, keys) in zip(axes, layout, strict=True):
         for key in keys:
             steps, values = series[key]
-            # Evaluations are few, and a lone point draws no line: markers keep them visible.
-            marker = "o" if key.startswith("eval_") or len(steps) == 1 else None
+            marker = "o" if key.startswith(MARKED) or len(steps) == 1 else None
             ax.plot(steps, values, marker=marker, markersize=3, label=key)
         ax.set_title(panel_title, fontsize=9, loc="left")
         ax.grid(alpha=0.3)
@@ -95,13 +103,13 @@ def render(series: Series, title: str, path: Path) -> None:
             ax.legend(fontsize=8)
     axes[-1].set_xlabel("step", fontsize=9)
     figure.suptitle(title, fontsize=10)
-    figure.savefig(path, dpi=DPI)  # the format (PNG, Agg) follows from the suffix
+    return figure
 
 
 def plot(output_dir: Path) -> Path:
     series = collect_series(read_records(output_dir))
     path = output_dir / "metrics.png"
-    render(series, str(output_dir), path)
+    draw(series, str(output_dir)).savefig(path, dpi=DPI)  # the format (PNG, Agg) follows from the suffix
     return path
 
 

@@ -1,4 +1,5 @@
-"""What a model type provides to the shared loop: one ``Task`` built in ``model_type/task.py``.
+"""What a model type provides to the shared loop: one ``Task`` built in ``model_type/task.py``, and to
+``python -m <package>.predict``: one ``Prediction`` built in ``model_type/predict.py``.
 
 The trainer, evaluation and checkpoints call nothing of a model type but the fields of ``Task``, and the
 model type hands its data over as a ``TaskData``. A new model type is a copy of the ``model_type/`` folder
@@ -8,10 +9,11 @@ it fills.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -86,3 +88,45 @@ class Task:
     count_targets: Callable[[Batch], int] | None = None
     """The targets ``loss_sum`` adds up in a host batch; None: one per sample (every rank's step then
     holds the same number, and the trainer needs no count from the other ranks)."""
+
+
+class PredictError(ValueError):
+    """A model folder or an option that predict cannot use; the message names it and the fix."""
+
+
+class Predictor(Protocol):
+    """A fine-tuned model of this project's type, loaded for ``python -m <package>.predict``.
+
+    The command reads the inputs, prepares them all, sorts them by ``length`` into batches (longest
+    first, so a batch that does not fit in memory fails at once) and writes ``predict``'s records back
+    in input order.
+    """
+
+    def prepare(self, inputs: list[Any]) -> list[Any]:
+        """Model-ready items (token ids, image paths, rows), one per input, in input order."""
+        ...
+
+    def length(self, item: Any) -> int:
+        """What batches group by (tokens of a text); the same for every item: batches in input order."""
+        ...
+
+    def predict(self, batch: list[Any]) -> list[dict[str, Any]]:
+        """One JSON record per item, in batch order."""
+        ...
+
+
+def no_arguments(parser: argparse.ArgumentParser) -> None:
+    """A model type without options of its own."""
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What ``python -m <package>.predict MODEL_DIR INPUT`` calls of a model type."""
+
+    read_inputs: Callable[[Path], list[Any]]
+    """The inputs of a file (or folder) in the type's own data format, in order; bad input raises
+    DataError naming the file and line, as training does."""
+    load: Callable[[Path, argparse.Namespace, torch.device], Predictor]
+    """The model saved in a folder (a run's final/), on the device, with the type's options applied."""
+    add_arguments: Callable[[argparse.ArgumentParser], None] = no_arguments
+    """The type's own options (--top-k, --max-new-tokens, ...)."""

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import ON_THIS_MACHINE, read_metrics, run_launch
+from predict_helpers import prediction_error, predictions, run_predict
 
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import (
@@ -143,3 +144,57 @@ def test_a_corrupt_line_ends_launch_in_one_line_naming_it(demo, tmp_path: Path) 
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and errors[0].startswith(f"error: {bad}:31: not valid JSON"), errors
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+# ---- python -m <package>.predict ------------------------------------------------------------------
+PROMPTS = ["The cat saw", "A dog", "", "My sister helped the old man in the park. The teacher"]
+
+
+def test_predict_completes_each_prompt_in_order(demo, tmp_path: Path) -> None:
+    """The demo checkpoint is a causal LM as training saves one; its greedy completions differ by prompt."""
+    model, output = demo[0] / "model", tmp_path / "predictions.jsonl"
+    rows = [{"text": prompt} for prompt in PROMPTS]
+    alone = [
+        predictions(model, Path(_write(tmp_path / "one.jsonl", [row])), output, "--max-new-tokens", "6")[0]
+        for row in rows
+    ]
+    assert all(record.keys() == {"completion"} and record["completion"] for record in alone)
+    assert len({record["completion"] for record in alone}) > 1  # so that the order shows
+    inputs = Path(_write(tmp_path / "inputs.jsonl", rows))
+    for batch_size in ("1", "3"):  # grouped by length and padded on the left: the records must not change
+        assert (
+            predictions(model, inputs, output, "--max-new-tokens", "6", "--batch-size", batch_size) == alone
+        )
+
+
+def test_sampled_completions_repeat_with_the_seed(demo, tmp_path: Path) -> None:
+    inputs = Path(_write(tmp_path / "inputs.jsonl", [{"text": prompt} for prompt in PROMPTS]))
+    sampled = ["--max-new-tokens", "6", "--temperature", "1.0", "--seed", "3"]
+    first = predictions(demo[0] / "model", inputs, tmp_path / "first.jsonl", *sampled)
+    assert first == predictions(demo[0] / "model", inputs, tmp_path / "second.jsonl", *sampled)
+
+
+@pytest.mark.parametrize(
+    ("rows", "options", "message"),
+    [
+        ([{"text": "fine"}, {"text": ["a"]}], [], "inputs.jsonl:2: field 'text' must be a string"),
+        ([{"text": "fine"}, "{not json"], [], "inputs.jsonl:2: not valid JSON"),
+        ([{"text": "fine"}], ["--max-new-tokens", "200"], "--max-new-tokens 200 leaves no room for a prompt"),
+    ],
+)
+def test_predict_refuses_bad_input_in_one_line(demo, tmp_path: Path, capsys, rows, options, message) -> None:
+    inputs = Path(_write(tmp_path / "inputs.jsonl", rows))
+    assert message in prediction_error(demo[0] / "model", inputs, capsys, *options)
+
+
+@pytest.mark.slow
+def test_predict_with_the_trained_model_continues_the_prompts(trained: Path, tmp_path: Path) -> None:
+    inputs = Path(_write(tmp_path / "inputs.jsonl", [{"text": prompt} for prompt in PROMPTS]))
+    output = tmp_path / "predictions.jsonl"
+    result = run_predict(
+        str(trained / "final"), str(inputs), "--output", str(output), "--max-new-tokens", "8"
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == len(PROMPTS) and all(isinstance(record["completion"], str) for record in records)
+    assert any(record["completion"].strip() for record in records)

@@ -1,12 +1,14 @@
-"""Custom model type: the synthetic default, the .pt data format, its errors, and final/."""
+"""Custom model type: the synthetic default, the .pt data format, its errors, final/, and predict."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import METRIC, ON_THIS_MACHINE, read_metrics
+from predict_helpers import prediction_error, predictions, run_predict
 from safetensors.torch import load_file, load_model
 
 from {{ cookiecutter.package_name }}.config import (
@@ -92,3 +94,53 @@ def test_tied_weights_save_and_load(tmp_path: Path) -> None:
     assert not missing and not unexpected
     assert torch.equal(restored.embedding.weight, model.embedding.weight)
     assert restored.output.weight is restored.embedding.weight  # still tied
+
+
+# ---- python -m <package>.predict ------------------------------------------------------------------
+def _inputs(path: Path, rows: int) -> Path:
+    generator = torch.Generator().manual_seed(0)
+    torch.save({"inputs": torch.randn(rows, task.MODEL_CONFIG["in_features"], generator=generator)}, path)
+    return path
+
+
+def test_predict_writes_a_class_and_score_per_row_in_order(demo, tmp_path: Path) -> None:
+    """The demo checkpoint is a model folder as training saves final/; inputs need no targets."""
+    model, inputs = demo[0] / "model", _inputs(tmp_path / "inputs.pt", 7)
+    records = predictions(model, inputs, tmp_path / "all.jsonl", "--batch-size", "3", "--top-k", "4")
+    assert len(records) == 7
+    for record in records:
+        assert record["label"] in range(task.MODEL_CONFIG["classes"]) and 0 < record["score"] <= 1
+        assert sorted(pair["label"] for pair in record["scores"]) == [0, 1, 2, 3]
+    rows = torch.load(inputs)["inputs"]
+    for number in (0, 6):  # a row alone gets the record it got among the others
+        torch.save({"inputs": rows[number : number + 1]}, tmp_path / "one.pt")
+        alone = predictions(model, tmp_path / "one.pt", tmp_path / "one.jsonl", "--top-k", "4")[0]
+        assert alone["label"] == records[number]["label"]
+        assert alone["score"] == pytest.approx(records[number]["score"], abs=1e-6)
+
+
+def test_predict_refuses_inputs_of_another_shape_in_one_line(demo, tmp_path: Path, capsys) -> None:
+    torch.save({"inputs": torch.zeros(3, 5)}, tmp_path / "narrow.pt")
+    error = prediction_error(demo[0] / "model", tmp_path / "narrow.pt", capsys)
+    assert error == f"error: {tmp_path / 'narrow.pt'}: 'inputs' has shape (3, 5), expected (N, 32)"
+
+
+def test_predict_refuses_a_folder_without_the_model(tmp_path: Path, capsys) -> None:
+    error = prediction_error(tmp_path, _inputs(tmp_path / "inputs.pt", 2), capsys)
+    assert error.startswith(f"error: {tmp_path}: no model.safetensors and config.json")
+
+
+@pytest.mark.slow
+def test_predict_with_the_trained_model_finds_the_validation_classes(
+    demo, trained: Path, tmp_path: Path
+) -> None:
+    val, output = demo[0] / "val.pt", tmp_path / "predictions.jsonl"
+    result = run_predict(str(trained / "final"), str(val), "--output", str(output))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    targets = torch.load(val)["targets"].tolist()
+    assert len(records) == len(targets)
+    assert (
+        sum(record["label"] == target for record, target in zip(records, targets, strict=True)) / len(targets)
+        > 0.5
+    )

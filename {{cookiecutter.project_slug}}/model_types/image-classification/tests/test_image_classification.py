@@ -1,7 +1,9 @@
-"""Image classification: the folder format, class ids, RGB conversion, bad-data errors, flips, final/."""
+"""Image classification: the folder format, class ids, RGB conversion, bad-data errors, flips, final/,
+and predict on folders and lists of images."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -10,6 +12,7 @@ import pytest
 import torch
 from conftest import METRIC, ON_THIS_MACHINE, read_metrics, run_launch
 from PIL import Image
+from predict_helpers import prediction_error, predictions, run_predict
 from torch.utils.data import DataLoader
 
 # One name per line (kept so by the trailing commas): the package name may be long.
@@ -146,16 +149,23 @@ def test_missing_folder_or_a_file_is_refused_before_training(demo, tmp_path: Pat
             checks.check_config(config)
 
 
-def test_other_files_are_skipped_with_one_warning(demo, tmp_path: Path, caplog) -> None:
+@pytest.mark.parametrize(
+    ("others", "entries"),
+    [(1, "1 entry that is not an image file"), (2, "2 entries that are not image files")],
+)
+def test_other_files_are_skipped_with_one_warning(
+    demo, tmp_path: Path, caplog, others: int, entries: str
+) -> None:
     train = _split(tmp_path / "train", {"a": 1, "b": 1})
-    (train / "a" / "notes.txt").write_text("")
+    for number in range(others):
+        (train / "a" / f"notes{number}.txt").write_text("")
     (train / "a" / ".DS_Store").write_text("")
     (train / ".hidden-class").mkdir()
     with caplog.at_level(logging.WARNING):
         data = _data(demo, tmp_path, train)
     assert len(data.train) == 2
     assert [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING] == [
-        f"skipped 1 entries that are not image files in a class folder, e.g. {train / 'a' / 'notes.txt'}"
+        f"skipped {entries} in a class folder, e.g. {train / 'a' / 'notes0.txt'}"
     ]
 
 
@@ -251,3 +261,66 @@ def test_decode_failure_in_a_worker_ends_launch_naming_the_image(demo, tmp_path:
     )
     assert result.returncode != 0
     assert f"error: {broken}: cannot decode the image" in result.stderr
+
+
+# ---- python -m <package>.predict ------------------------------------------------------------------
+def test_predict_classifies_every_image_of_a_folder_in_sorted_order(demo, tmp_path: Path) -> None:
+    """The demo checkpoint is an image classifier as training saves one (its five classes included)."""
+    images = _split(tmp_path / "images", {"b": 2, "a": 1})
+    (images / "a" / "notes.txt").write_text("")
+    output = tmp_path / "predictions.jsonl"
+    records = predictions(demo[0] / "model", images, output, "--batch-size", "2", "--top-k", "2")
+    assert [record["image"] for record in records] == [
+        str(images / "a" / "0.png"),
+        *(str(images / "b" / f"{n}.png") for n in range(2)),
+    ]
+    labels = {f"LABEL_{index}" for index in range(5)}
+    for record in records:
+        assert record["label"] in labels and 0 < record["score"] <= 1
+        assert len(record["scores"]) == 2 and record["scores"][0]["label"] == record["label"]
+
+
+def test_predict_reads_a_list_of_image_paths_relative_to_it(demo, tmp_path: Path) -> None:
+    images = _split(tmp_path / "images", {"a": 2})
+    listing = images / "list.txt"
+    listing.write_text("a/1.png\n\na/0.png\n")
+    records = predictions(demo[0] / "model", listing, tmp_path / "predictions.jsonl")
+    assert [record["image"] for record in records] == [
+        str(images / "a" / "1.png"),
+        str(images / "a" / "0.png"),
+    ]
+
+
+def _broken_image(root: Path) -> tuple[Path, str]:
+    broken = _image(root / "a" / "broken.png")
+    broken.write_bytes(b"not an image")
+    return root, f"{broken}: not a readable image"
+
+
+def _missing_listed(root: Path) -> tuple[Path, str]:
+    (root / "list.txt").write_text("a/0.png\na/gone.png\n")
+    return root / "list.txt", f"{root / 'list.txt'}:2: {root / 'a' / 'gone.png'} does not exist"
+
+
+def _no_images(root: Path) -> tuple[Path, str]:
+    (root / "empty" / "sub").mkdir(parents=True)
+    return root / "empty", f"{root / 'empty'}: no images"
+
+
+@pytest.mark.parametrize("make", [_broken_image, _missing_listed, _no_images])
+def test_predict_names_bad_input_in_one_line(demo, tmp_path: Path, capsys, make) -> None:
+    inputs, message = make(_split(tmp_path / "images", {"a": 1}))
+    assert prediction_error(demo[0] / "model", inputs, capsys).startswith(f"error: {message}")
+
+
+@pytest.mark.slow
+def test_predict_with_the_trained_model_finds_the_validation_classes(
+    demo, trained: Path, tmp_path: Path
+) -> None:
+    val, output = demo[0] / "val", tmp_path / "predictions.jsonl"
+    result = run_predict(str(trained / "final"), str(val), "--output", str(output))
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in output.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == len(list(val.glob("*/*")))
+    correct = sum(Path(record["image"]).parent.name == record["label"] for record in records)
+    assert correct / len(records) > 0.5

@@ -53,18 +53,25 @@ def loss_fn(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 # ---- YOUR CODE 3: the data -----------------------------------------------------------------------
-def load_split(path: str) -> Dataset:
+def load_inputs(path: str, required: tuple[str, ...] = ("inputs",)) -> dict[str, torch.Tensor]:
+    """The tensors of a data file, its ``inputs`` checked; predict reads files without ``targets`` too."""
     try:
         content = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise DataError(f"{path}: not a readable .pt file ({type(error).__name__})") from None
-    if not isinstance(content, dict) or {"inputs", "targets"} - content.keys():
-        raise DataError(f"{path}: expected a dict with 'inputs' and 'targets' tensors")
-    inputs, targets = content["inputs"], content["targets"]
+    if not isinstance(content, dict) or set(required) - content.keys():
+        raise DataError(f"{path}: expected a dict with {' and '.join(map(repr, required))} tensors")
+    inputs = content["inputs"]
     if inputs.ndim != 2 or inputs.shape[1] != MODEL_CONFIG["in_features"]:
         raise DataError(
             f"{path}: 'inputs' has shape {tuple(inputs.shape)}, expected (N, {MODEL_CONFIG['in_features']})"
         )
+    return content
+
+
+def load_split(path: str) -> Dataset:
+    content = load_inputs(path, ("inputs", "targets"))
+    inputs, targets = content["inputs"], content["targets"]
     if targets.shape != (inputs.shape[0],) or targets.dtype != torch.long:
         raise DataError(f"{path}: 'targets' must be an int64 tensor of shape ({inputs.shape[0]},)")
     if len(targets) and not 0 <= int(targets.min()) <= int(targets.max()) < MODEL_CONFIG["classes"]:

@@ -158,9 +158,10 @@ def build_index(train_root: Path, val_root: Path | None) -> dict[str, Any]:
                 "every validation class must be one the model is trained on"
             )
     if skipped:
-        log.warning(
-            f"skipped {len(skipped)} entries that are not image files in a class folder, e.g. {skipped[0]}"
+        entries = (
+            "entry that is not an image file" if len(skipped) == 1 else "entries that are not image files"
         )
+        log.warning(f"skipped {len(skipped)} {entries} in a class folder, e.g. {skipped[0]}")
     check_headers([path for split in (train, val or {}) for files in split.values() for path in files])
     return {"labels": names, "train": _encode(train, names), "val": _encode(val, names) if val else None}
 

@@ -49,6 +49,7 @@ class EncodedDataset(Dataset):
 
 
 Labels = list[tuple[Any, int]]  # (label as written, line number) of each record
+ARTICLE = {"integer": "an", "string": "a"}  # of each label kind, in messages
 
 
 def _label_kind(label: Any) -> str | None:
@@ -58,12 +59,17 @@ def _label_kind(label: Any) -> str | None:
 
 def label_names(labels: Labels, path: str) -> list[str]:
     """Integer labels keep their values as ids; string labels get ids in sorted order."""
-    first_kind = _label_kind(labels[0][0])
+    first_kind, first_line = "", 0
     for label, line in labels:
         kind = _label_kind(label)
-        if kind is None or kind != first_kind:
+        if kind is None:
+            raise DataError(f"{path}:{line}: label {label!r} must be an integer or a string")
+        if not first_kind:
+            first_kind, first_line = kind, line
+        elif kind != first_kind:
             raise DataError(
-                f"{path}:{line}: label {label!r} must be an integer or a string, the same kind on every line"
+                f"{path}: line {line} has {ARTICLE[kind]} {kind} label, line {first_line} "
+                f"{ARTICLE[first_kind]} {first_kind} label; use one kind"
             )
         if kind == "integer" and label < 0:
             raise DataError(f"{path}:{line}: label {label} is negative; ids start at 0")
@@ -99,11 +105,14 @@ def encode_labels(labels: Labels, names: list[str], kind: str | None, path: str)
     return encoded
 
 
-def load_tokenizer(config: Config) -> Any:
-    tokenizer = AutoTokenizer.from_pretrained(config.model.pretrained)
+def with_pad_token(tokenizer: Any) -> Any:
     if tokenizer.pad_token is None:  # GPT-2/Llama-style tokenizers have none; reuse the end token
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
     return tokenizer
+
+
+def load_tokenizer(config: Config) -> Any:
+    return with_pad_token(AutoTokenizer.from_pretrained(config.model.pretrained))
 
 
 def max_length(config: Config, tokenizer: Any) -> int:

@@ -17,6 +17,7 @@ from torch.distributed.checkpoint import FileSystemWriter
 
 # One name per line (kept so by the trailing commas): the package name may be long.
 from {{ cookiecutter.package_name }}.checkpoint import (
+    Checkpointer,
     CheckpointError,
 )
 from {{ cookiecutter.package_name }}.config import (
@@ -84,6 +85,19 @@ def test_a_planted_index_runs_no_code_and_a_torn_checkpoint_is_passed_over(deter
     assert not marker.exists()
     steps = [r["step"] for r in read_metrics(out) if "loss" in r]
     assert steps == [1, 2, 3, 4]  # resumed from step 2: the planted and the torn one were passed over
+
+
+def test_retention_keeps_newer_directories_and_the_one_just_written(tmp_path: Path) -> None:
+    checkpointer = Checkpointer(tmp_path, ENV, keep_last=2, layout=ShardedDirectory(ENV, asynchronous=False))
+    for step in (1, 2, 3, 4, 9):  # 9: newer than the run writes now, e.g. skipped as unreadable at resume
+        (tmp_path / f"step-{step:08d}").mkdir()
+        (tmp_path / f"step-{step:08d}" / "__0_0.distcp").touch()
+    checkpointer.retain(tmp_path / "step-00000004")
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "step-00000003",
+        "step-00000004",
+        "step-00000009",
+    ]
 
 
 def test_a_checkpoint_of_the_other_strategy_stops_the_run_naming_it(deterministic, out: Path) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
@@ -122,16 +123,18 @@ class Sharded:
         self.skeleton: nn.Module | None = None
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        model.to(self.env.device)
+        """Shard the model, still on the host: each ``fully_shard`` moves one block to the device and
+        keeps this rank's shard of it, so no rank ever holds the whole model on its GPU."""
         if not self.sharded:
-            return model
+            return model.to(self.env.device)
         blocks = shard_blocks(model, self.config.fsdp_wrap)
         self.skeleton = meta_copy(model) if self.env.is_main else None
+        mesh = init_device_mesh(self.env.device.type, (self.env.world_size,))
         low = AUTOCAST_DTYPES.get(self.precision)
         policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if low else None)
         for block in blocks:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
         return model
 
     def autocast(self) -> AbstractContextManager:

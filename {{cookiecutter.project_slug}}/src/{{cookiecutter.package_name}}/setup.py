@@ -124,7 +124,7 @@ def build_training_state(
     the trainable parameters, sharded. Every rank then loads the same checkpoint (if any) into the
     result, so wrapping before loading is safe.
     """
-    wrapped = parallel.wrap(model.to(env.device))
+    wrapped = parallel.wrap(model)  # on this rank's device; FSDP2 moves it there one block at a time
     optimizer = build_optimizer(model, config.train, env.device)
     return TrainingState(
         model=wrapped,

@@ -23,11 +23,25 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.distributed import DistEnv, barrier, distributed, gather_objects
-from {{ cookiecutter.package_name }}.model_type.task import TASK
-from {{ cookiecutter.package_name }}.task_spec import Task
-from {{ cookiecutter.package_name }}.trainer import Trainer
+# One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.config import (
+    load_config,
+)
+from {{ cookiecutter.package_name }}.distributed import (
+    DistEnv,
+    barrier,
+    distributed,
+    gather_objects,
+)
+from {{ cookiecutter.package_name }}.model_type.task import (
+    TASK,
+)
+from {{ cookiecutter.package_name }}.task_spec import (
+    Task,
+)
+from {{ cookiecutter.package_name }}.trainer import (
+    Trainer,
+)
 
 
 def with_lora(task: Task) -> Task:

@@ -1,7 +1,9 @@
-"""The generated project on one GPU, about 5 minutes: nccl with world size 1, bf16 autocast, fp16 with
-its gradient scaler, and bf16 with torch.compile, on a GPT-2-small-sized local checkpoint. Prints
-samples/s, tokens/s and mfu of each (from the project's own metrics.jsonl) and writes them, with the
-GPU's name, to bench/results/ (and to $OUT when that is set, as on the device machine).
+"""The generated project on one GPU, about 6 minutes: nccl with world size 1, bf16 autocast, fp16 with
+its gradient scaler, bf16 with torch.compile, and FSDP2 in bf16 (its MixedPrecisionPolicy, sharded
+checkpoints, final/ gathered), on one GPU and, where the node has more, on all of them; on a
+GPT-2-small-sized local checkpoint. Prints samples/s, tokens/s and mfu of each (from the project's own
+metrics.jsonl; per GPU for the multi-GPU run) and writes them, with the GPU's name, to bench/results/
+(and to $OUT when that is set, as on the device machine).
 
     bench/gpu_check.sh [--project DIR] [--cpu] [--skip-compile]
 
@@ -31,7 +33,10 @@ CONFIGURATIONS = [
     ("bf16", ["train.precision=bf16"]),
     ("fp16 + GradScaler", ["train.precision=fp16"]),
     ("bf16 + torch.compile", ["train.precision=bf16", "train.compile=true"]),
+    # Its runs checkpoint halfway, in the background: the sharded checkpoint is part of the check.
+    ("fsdp2 bf16", ["train.precision=bf16", "distributed.strategy=fsdp2", "checkpoint.async=true"]),
 ]
+FSDP2_ALL_GPUS = "fsdp2 bf16, all GPUs"
 GPU_SIZE = {"hidden": 768, "layers": 12, "context": 512, "batch": 16, "steps": 300, "documents": 60000}
 CPU_SIZE = {"hidden": 64, "layers": 2, "context": 64, "batch": 8, "steps": 12, "documents": 2000}
 
@@ -56,7 +61,9 @@ def build_inputs(work: Path, size: dict) -> dict[str, str]:
     return {"model": str(model), "train": str(train), "val": str(val)}
 
 
-def run(project: Path, inputs: dict, size: dict, extra: list[str], output: Path, cpu: bool) -> dict:
+def run(
+    project: Path, inputs: dict, size: dict, extra: list[str], output: Path, cpu: bool, processes: int = 1
+) -> dict:
     shutil.rmtree(output, ignore_errors=True)
     overrides = [
         f"model.pretrained={inputs['model']}",
@@ -66,25 +73,33 @@ def run(project: Path, inputs: dict, size: dict, extra: list[str], output: Path,
         f"data.batch_size={size['batch']}",
         f"train.max_steps={size['steps']}",
         f"train.log_every_steps={max(1, size['steps'] // 10)}",
-        "checkpoint.every_steps=0",
+        f"checkpoint.every_steps={size['steps'] // 2 if 'distributed.strategy=fsdp2' in extra else 0}",
         f"output_dir={output}",
         *(["distributed.device=cpu", "distributed.backend=gloo"] if cpu else []),
         *extra,
     ]
-    env = {**os.environ, "NPROC_PER_NODE": "1", "PYTHONPATH": str(project / "src")}
+    env = {**os.environ, "NPROC_PER_NODE": str(processes), "PYTHONPATH": str(project / "src")}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     done = subprocess.run([str(project / "launch.sh"), *overrides], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": (done.stdout + done.stderr)[-2000:]}
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     steady = [r for r in records if "loss" in r][2:]  # past the first step and compilation
-    values = {key: statistics.median(r[key] for r in steady) for key in ("samples_per_s", "tokens_per_s")}
+    # Per process: the records count the whole job's samples.
+    rates = ("samples_per_s", "tokens_per_s")
+    values = {key: statistics.median(r[key] for r in steady) / processes for key in rates}
     values["mfu"] = statistics.median(r["mfu"] for r in steady) if all("mfu" in r for r in steady) else None
     values["eval_loss"] = [r for r in records if "eval_loss" in r][-1]["eval_loss"]
     values["warnings"] = [
         line for line in done.stderr.splitlines() if "falls back" in line or "instead" in line
     ]
     return values
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def device_name(cpu: bool) -> str:
@@ -115,10 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     project = args.project or render(args.work_dir, args.cpu)
     inputs = build_inputs(args.work_dir / "inputs", size)
     configurations = [
-        (label, extra)
+        (label, extra, 1)
         for label, extra in CONFIGURATIONS
         if not (args.cpu and "fp16" in label) and not (args.skip_compile and "compile" in label)
     ]
+    gpus = 0 if args.cpu else gpu_count()
+    if gpus > 1:
+        configurations.append((f"{FSDP2_ALL_GPUS} ({gpus})", CONFIGURATIONS[-1][1], gpus))
     name = device_name(args.cpu)
     lines = [
         f"# GPU check, {datetime.date.today().isoformat()}: {name}",
@@ -126,14 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         f"GPT-2 shape: {size['hidden']} hidden, {size['layers']} layers, blocks of {size['context']} tokens, "
         f"batch {size['batch']}, {size['steps']} steps, world size 1 ({'gloo' if args.cpu else 'nccl'}).",
         "",
-        "| configuration | samples/s | tokens/s | mfu | eval_loss | notes |",
+        "| configuration | samples/s per GPU | tokens/s per GPU | mfu | eval_loss | notes |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     failed = False
-    for label, extra in configurations:
-        result = run(
-            project, inputs, size, extra, args.work_dir / "runs" / re.sub(r"\W+", "-", label), args.cpu
-        )
+    for label, extra, processes in configurations:
+        output = args.work_dir / "runs" / re.sub(r"\W+", "-", label)
+        result = run(project, inputs, size, extra, output, args.cpu, processes)
         if "error" in result:
             failed = True
             lines.append(f"| {label} | failed | | | | {result['error'].splitlines()[-1][:120]} |")

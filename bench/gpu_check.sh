@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check, about 5 minutes on one CUDA GPU: nccl with world size 1, bf16, fp16 with the gradient
-# scaler, torch.compile; prints throughput and mfu (see bench/gpu_check.py).
+# The GPU check, about 6 minutes on one CUDA GPU: nccl with world size 1, bf16, fp16 with the gradient
+# scaler, torch.compile, fsdp2 (on all GPUs too); prints throughput and mfu (see bench/gpu_check.py).
 #   bench/gpu_check.sh [--project DIR] [--cpu]
 # PYTHON picks the interpreter (default: python3, which must hold a CUDA build of torch, transformers,
 # omegaconf and tqdm; cookiecutter too unless --project names a rendered GPU causal-lm project).

@@ -19,6 +19,7 @@ CHOICES = {
     "backend": ("nccl", "gloo"),
     "precision": ("bf16", "fp16", "fp32"),
     "tracker": ("none", "tensorboard", "wandb", "mlflow"),
+    "strategy": ("ddp", "fsdp2"),
 }
 TEXT_ANSWERS = ("project_name", "project_slug", "package_name", "pretrained_model", "__kubernetes_name")
 # cookiecutter renders answers as Jinja; these in a value that rendering left behind are code that the
@@ -161,6 +162,12 @@ def validate():
     if gpus == 0 and precision == "fp16":
         raise Refusal("precision=fp16 needs GPUs but gpus_per_node=0; choose bf16 or fp32 for CPU training")
     model_type = ANSWERS["model_type"]
+    if model_type == "custom" and ANSWERS["strategy"] == "fsdp2":
+        raise Refusal(
+            "strategy=fsdp2 needs a sharding plan, which model_type=custom's example model lacks; render "
+            "with strategy=ddp, then give your model's block class as distributed.fsdp_wrap=<class name> "
+            "(or _no_split_modules) and run with distributed.strategy=fsdp2"
+        )
     if model_type in MODEL_TYPES_NEEDING_CHECKPOINT and not ANSWERS["pretrained_model"].strip():
         raise Refusal(
             f"pretrained_model is empty but model_type={model_type} fine-tunes a checkpoint; "

@@ -48,6 +48,17 @@ ALL_COMBINATIONS = [
 VALID_COMBINATIONS = [
     c for c in ALL_COMBINATIONS if is_valid_combination(c["gpus_per_node"], c["backend"], c["precision"])
 ]
+# strategy renders one YAML value and README text, the same for every GPU x backend x precision: fsdp2 is
+# rendered once per model type that takes it, on a CPU and on a GPU combination (custom refuses it).
+FSDP2_COMBINATIONS = [
+    {**base, "model_type": model_type, "strategy": "fsdp2"}
+    for model_type in MODEL_TYPES
+    if model_type != "custom"
+    for base in (
+        {"gpus_per_node": "0", "backend": "gloo", "precision": "bf16"},
+        {"gpus_per_node": "8", "backend": "nccl", "precision": "bf16"},
+    )
+]
 
 
 def combination_id(answers: dict[str, str]) -> str:

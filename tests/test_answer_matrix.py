@@ -1,4 +1,5 @@
-"""Every valid combination of GPUs x backend x precision x model type renders the right project.
+"""Every valid combination of GPUs x backend x precision x model type renders the right project, and
+so does strategy=fsdp2 on a CPU and a GPU combination of each model type that takes it.
 
 Each combination is rendered once per module (and xdist worker) and shared, read-only, by the checks.
 Within a model type the Python differs by one rendered integer, so linting and type checking run once
@@ -17,6 +18,7 @@ from conftest import require_rendered
 from template_helpers import (
     ALL_COMBINATIONS,
     DEFAULT_PRETRAINED,
+    FSDP2_COMBINATIONS,
     MODEL_TYPES,
     REPO,
     UNRECORDED_KEYS,
@@ -30,7 +32,7 @@ from template_helpers import (
 ASSIGNMENT = r"^\s*(?:readonly\s+|declare\s+-r\s+)?\w*"
 
 
-@pytest.fixture(scope="module", params=VALID_COMBINATIONS, ids=combination_id)
+@pytest.fixture(scope="module", params=VALID_COMBINATIONS + FSDP2_COMBINATIONS, ids=combination_id)
 def rendered(request, cookies_session):
     answers = request.param
     project = require_rendered(cookies_session.bake(extra_context=answers, template=str(REPO)))
@@ -87,6 +89,7 @@ def test_defaults_yaml_carries_backend_precision_and_device(rendered):
     answers, project = rendered
     defaults = yaml.safe_load((project.package_dir / "defaults.yaml").read_text(encoding="utf-8"))
     assert defaults["distributed"]["backend"] == answers["backend"]
+    assert defaults["distributed"]["strategy"] == answers.get("strategy", "ddp")
     assert defaults["train"]["precision"] == answers["precision"]
     expected_device = "cpu" if answers["gpus_per_node"] == "0" else "cuda"
     assert defaults["distributed"]["device"] == expected_device

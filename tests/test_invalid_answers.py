@@ -71,6 +71,8 @@ INVALID_ANSWERS = [
     ({"model_type": "causal-lm", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "image-classification", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "text-classification", "pretrained_model": "  "}, "pretrained_model"),
+    # The custom example declares no blocks for FSDP2 to shard.
+    ({"model_type": "custom", "strategy": "fsdp2"}, "strategy=fsdp2"),
     # cookiecutter turns yes/no/true/false into booleans; what else the API or a replay file passes would
     # render as true (cookiecutter hands a number on as a string).
     ({"slurm": 1}, "slurm='1'"),

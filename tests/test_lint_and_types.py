@@ -2,6 +2,7 @@
 
 The rendered GPU answers (8 GPUs, nccl, bf16) exercise every branch of the rendering that reaches Python;
 the other combinations differ from them by a rendered integer or a YAML value (test_answer_matrix.py).
+strategy=fsdp2 renders a YAML value and README text only; it is taken here wherever it is valid.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ LINT_ANSWERS = {"gpus_per_node": "8", "backend": "nccl", "precision": "bf16"}
 
 @pytest.fixture(scope="module", params=MODEL_TYPES)
 def project(request, cookies_session):
-    answers = {**LINT_ANSWERS, "model_type": request.param}
+    strategy = "ddp" if request.param == "custom" else "fsdp2"  # custom refuses fsdp2
+    answers = {**LINT_ANSWERS, "model_type": request.param, "strategy": strategy}
     return require_rendered(cookies_session.bake(extra_context=answers, template=str(REPO)))
 
 

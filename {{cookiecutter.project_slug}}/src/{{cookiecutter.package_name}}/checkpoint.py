@@ -1,11 +1,17 @@
-"""Resumable checkpoints: written atomically by global rank 0, read by every rank onto its own device.
+"""Resumable checkpoints: the newest complete one wins, and every rank resumes from the same one.
 
-One file per checkpoint, ``checkpoints/step-00000123.pt``, holding the training state (model without
-``module.`` prefixes, optimizer, scheduler, scaler, progress), every rank's RNG states and the run's
-configuration. A file only gets its final name once it is complete (temporary file, fsync,
-``os.replace``), so a kill mid-write leaves the previous checkpoint as the newest.
+Two layouts, one per ``distributed.strategy``:
 
-Nothing read from ``output_dir`` can run code: checkpoints hold tensors and plain values only and are
+- ``ddp``: one file per checkpoint, ``checkpoints/step-00000123.pt``, written by global rank 0 (below). It
+  holds the training state (model without ``module.`` prefixes, optimizer, scheduler, scaler, progress),
+  every rank's RNG states and the run's configuration.
+- ``fsdp2``: one directory per checkpoint, ``checkpoints/step-00000123/``, that every rank writes its
+  shards into (sharded_checkpoint.py); any number of processes can resume it.
+
+A checkpoint only gets its final name once it is complete (temporary name, fsync, rename), so a kill
+mid-write leaves the previous checkpoint as the newest.
+
+Nothing read from ``output_dir`` can run code: single files hold tensors and plain values only and are
 loaded with ``weights_only=True`` (a planted pickle is refused as unreadable), memory-mapped, so the ranks
 of a node share the file's pages instead of each holding a copy of the optimizer state.
 """
@@ -15,9 +21,11 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,7 +35,7 @@ from .rng import capture_rng_state, restore_rng_state
 from .state import TrainingState
 
 FORMAT_VERSION = 3
-NAME = re.compile(r"step-(\d+)\.pt")
+NAME = re.compile(r"step-(\d+)(\.pt)?")  # a file (ddp) or a directory (fsdp2)
 
 
 class CheckpointError(RuntimeError):
@@ -49,11 +57,76 @@ def step_of(path: Path) -> int:
     return int(match.group(1))
 
 
+class Layout(Protocol):
+    """How checkpoints of one strategy are written and read; the Checkpointer decides which and when."""
+
+    def path_for(self, directory: Path, step: int) -> Path: ...
+
+    def write(
+        self, state: TrainingState, header: dict[str, Any], final: Path, published: Callable[[Path], None]
+    ) -> None:
+        """A collective: write ``header`` (world size, config, RNG states) and ``state`` to ``final``, and
+        call ``published(final)`` on rank 0 once it is complete under that name."""
+
+    def wait(self) -> None:
+        """Return once no checkpoint is being written any more (raises what the write raised)."""
+
+    def read(self, path: Path) -> dict[str, Any]:
+        """Everything but the tensors a restore needs, on this rank alone; raises when unusable."""
+
+    def restore(self, path: Path, payload: dict[str, Any], state: TrainingState) -> None:
+        """A collective: load the checkpoint into ``state``."""
+
+
+class SingleFile:
+    """ddp's layout: rank 0 writes the whole state into one file; every rank reads it memory-mapped."""
+
+    def __init__(self, env: DistEnv) -> None:
+        self.env = env
+
+    def path_for(self, directory: Path, step: int) -> Path:
+        return directory / f"step-{step:08d}.pt"
+
+    def write(
+        self, state: TrainingState, header: dict[str, Any], final: Path, published: Callable[[Path], None]
+    ) -> None:
+        if not self.env.is_main:
+            return
+        payload = {"format": FORMAT_VERSION, **header, **state.state_dict()}
+        partial = final.with_name(f".{final.name}.partial")
+        try:
+            with partial.open("wb") as handle:
+                torch.save(payload, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+        except OSError:
+            partial.unlink(missing_ok=True)
+            raise
+        os.replace(partial, final)
+        fsync_directory(final.parent)
+        published(final)
+
+    def wait(self) -> None:
+        return None
+
+    def read(self, path: Path) -> dict[str, Any]:
+        if path.is_dir():
+            raise CheckpointError(
+                "a sharded checkpoint of distributed.strategy=fsdp2; resume with distributed.strategy=fsdp2"
+            )
+        return _read(path)
+
+    def restore(self, path: Path, payload: dict[str, Any], state: TrainingState) -> None:
+        state.load_state_dict(payload)
+
+
 class Checkpointer:
-    def __init__(self, directory: Path, env: DistEnv, keep_last: int) -> None:
+    def __init__(self, directory: Path, env: DistEnv, keep_last: int, layout: Layout | None = None) -> None:
         self.directory = directory
         self.env = env
         self.keep_last = keep_last
+        self.layout: Layout = layout or SingleFile(env)
+        self.writing_step = 0
 
     def existing(self) -> list[Path]:
         """Complete checkpoints, newest first."""
@@ -64,38 +137,38 @@ class Checkpointer:
         )
 
     def save(self, state: TrainingState, config_yaml: str) -> None:
-        # Collective: every rank contributes its RNG state, so it must be called on all ranks.
+        """A collective: every rank contributes its RNG state (and, for fsdp2, its shards)."""
+        self.wait()  # a checkpoint still being written in the background is published first
         rng_states = gather_objects(capture_rng_state(), self.env)
-        if not self.env.is_main:
-            return
-        payload = {
-            "format": FORMAT_VERSION,
-            "world_size": self.env.world_size,
-            "config": config_yaml,
-            "rng": rng_states,
-            **state.state_dict(),
-        }
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for torn in self.directory.glob(".step-*.partial"):  # left by a run killed mid-write
-            torn.unlink(missing_ok=True)
-        final = self.directory / f"step-{state.progress.step:08d}.pt"
-        partial = self.directory / f".{final.name}.partial"
+        header = {"world_size": self.env.world_size, "config": config_yaml, "rng": rng_states}
+        self.writing_step = state.progress.step
+        final = self.layout.path_for(self.directory, state.progress.step)
+        if self.env.is_main:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for torn in self.directory.glob(".step-*.partial"):  # left by a run killed mid-write
+                remove(torn)
         try:
-            with partial.open("wb") as handle:
-                torch.save(payload, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
+            self.layout.write(state, header, final, self.published)
         except OSError as error:
-            partial.unlink(missing_ok=True)
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CheckpointError(
-                    f"{self.directory}: no space left to write the checkpoint of step {state.progress.step}; "
-                    "free space there or use an output_dir on a larger volume, then run again to resume "
-                    "from the last checkpoint"
-                ) from None
-            raise
-        os.replace(partial, final)
-        _fsync_directory(self.directory)
+            raise self.explained(error) from None
+
+    def wait(self) -> None:
+        """Return once no checkpoint is being written any more: before exiting, or stopping for preemption."""
+        try:
+            self.layout.wait()
+        except OSError as error:
+            raise self.explained(error) from None
+
+    def explained(self, error: OSError) -> Exception:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return error
+        return CheckpointError(
+            f"{self.directory}: no space left to write the checkpoint of step {self.writing_step}; "
+            "free space there or use an output_dir on a larger volume, then run again to resume "
+            "from the last checkpoint"
+        )
+
+    def published(self, final: Path) -> None:
         log.info(f"checkpoint saved: {final}")
         self.retain(final)
 
@@ -104,21 +177,21 @@ class Checkpointer:
         a resume skipped them as unreadable) are never deleted: they may read again, e.g. on NFS."""
         older = [path for path in self.existing() if step_of(path) < step_of(written)]
         for old in older[self.keep_last - 1 :]:
-            old.unlink(missing_ok=True)
+            remove(old)
 
     def load_latest(self, state: TrainingState, seed: int) -> Resumed | None:
         """Restore the newest checkpoint every rank can read into ``state``; None when there is none.
 
         Every rank tries rank 0's list of candidates, newest first, and the ranks then compare what they
-        read: they resume from the same file, or the run stops. Existing checkpoints that no rank can
-        read stop the run too, instead of silently training from step 0 over them.
+        read: they resume from the same checkpoint, or the run stops. Existing checkpoints that no rank
+        can read stop the run too, instead of silently training from step 0 over them.
         """
         candidates = [Path(path) for path in broadcast_object([str(p) for p in self.existing()], self.env)]
         chosen, payload, problems = None, None, []
         for index, candidate in enumerate(candidates):
             try:
-                payload = _read(candidate)
-            except Exception as error:  # torn, foreign or planted file: try the one before
+                payload = self.layout.read(candidate)
+            except Exception as error:  # torn, foreign or planted: try the one before
                 problems.append(f"{candidate.name}: {_reason(error)}")
                 continue
             chosen = index
@@ -145,9 +218,28 @@ class Checkpointer:
         for problem in problems if self.env.is_main else []:
             log.warning(f"skipping unreadable checkpoint {self.directory / problem}")
         path = candidates[chosen]
-        _restore(path, payload, state, self.env, seed)
+        self._restore(path, payload, state, seed)
         log.info(f"resumed from {path} (step {state.progress.step}, epoch {state.progress.epoch})")
         return Resumed(path, state.progress.step, payload["config"], payload["world_size"])
+
+    def _restore(self, path: Path, payload: dict[str, Any], state: TrainingState, seed: int) -> None:
+        try:
+            self.layout.restore(path, payload, state)
+        except (RuntimeError, ValueError, KeyError) as error:
+            first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise CheckpointError(
+                f"{path} does not fit this model ({first_line}); "
+                "use a new output_dir to train this model from scratch"
+            ) from None
+        rng_states = payload["rng"]
+        if len(rng_states) == self.env.world_size:
+            restore_rng_state(rng_states[self.env.rank])
+        else:
+            log.warning(
+                f"checkpoint was written by {len(rng_states)} processes, this run has {self.env.world_size}: "
+                "random states are re-seeded, so the run is not bit-identical to an uninterrupted one"
+            )
+            torch.manual_seed(seed + self.env.rank)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -164,27 +256,14 @@ def _reason(error: Exception) -> str:
     return f"{type(error).__name__}: {first_line[:200]}"
 
 
-def _restore(path: Path, payload: dict[str, Any], state: TrainingState, env: DistEnv, seed: int) -> None:
-    try:
-        state.load_state_dict(payload)
-    except (RuntimeError, ValueError, KeyError) as error:
-        first_line = str(error).strip().splitlines()[0]
-        raise CheckpointError(
-            f"{path} does not fit this model ({first_line}); "
-            "use a new output_dir to train this model from scratch"
-        ) from None
-    rng_states = payload["rng"]
-    if len(rng_states) == env.world_size:
-        restore_rng_state(rng_states[env.rank])
+def remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
     else:
-        log.warning(
-            f"checkpoint was written by {len(rng_states)} processes, this run has {env.world_size}: "
-            "random states are re-seeded, so the run is not bit-identical to an uninterrupted one"
-        )
-        torch.manual_seed(seed + env.rank)
+        path.unlink(missing_ok=True)
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
     descriptor = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(descriptor)

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import keyword
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from .model_type.settings import DataSettings
@@ -35,6 +38,11 @@ class Backend(enum.Enum):
 class Device(enum.Enum):
     cpu = "cpu"
     cuda = "cuda"
+
+
+class Strategy(enum.Enum):
+    ddp = "ddp"
+    fsdp2 = "fsdp2"
 
 
 class TrackerName(enum.Enum):
@@ -97,7 +105,7 @@ class TrainConfig:
     warmup_ratio: float = 0.06
     """Share of all steps spent warming up linearly, then linear decay to 0."""
     grad_accum_steps: int = 1
-    """Micro-batches per optimizer step; gradients are all-reduced once per step."""
+    """Micro-batches per optimizer step; gradients are reduced across processes once per step."""
     max_grad_norm: float = 1.0
     """Gradient-norm clipping threshold; 0 = no clipping."""
     precision: Precision = Precision.bf16
@@ -107,7 +115,7 @@ class TrainConfig:
     eval_every_steps: int = 0
     """Optimizer steps between evaluations; 0 = at the end of each epoch only."""
     compile: bool = False
-    """`torch.compile` the DDP-wrapped model: compiles for a while, then faster GPU steps."""
+    """`torch.compile` the wrapped model: compiles for a while, then faster GPU steps."""
     peak_tflops: float = 0.0
     """One device's peak in the run's precision, for mfu; 0 = known GPUs' own."""
 
@@ -133,6 +141,9 @@ class CheckpointConfig:
     start_over: bool = False
     """Move this output_dir's checkpoints, metrics and final/ into previous-<n>/ and train from step 0.
     For a one-off rerun: a requeued job with it would start over at every restart."""
+    async_: bool = False
+    """fsdp2: write checkpoints in the background (`dcp.async_save`) while training goes on; the next
+    save, the end of the run and a preemption wait for the write."""
 
     def __post_init__(self) -> None:
         require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
@@ -147,6 +158,12 @@ class DistributedConfig:
     """`cuda`: one GPU per process, chosen by LOCAL_RANK; `cpu`: no GPU."""
     timeout_s: int = 1800
     """A collective that waits longer ends the job instead of hanging it."""
+    strategy: Strategy = Strategy.ddp
+    """`ddp`: a full replica per process; `fsdp2`: parameters, gradients and optimizer state sharded
+    over the processes (FSDP2 `fully_shard`), for models that do not fit one GPU."""
+    fsdp_wrap: str = ""
+    """fsdp2: class names of the blocks sharded one by one (comma-separated); empty: the model's
+    `_no_split_modules`, else the layers of its block list."""
     find_unused_parameters: bool = False
     """DDP: slower; only for models that skip parameters in forward."""
     gradient_as_bucket_view: bool = True
@@ -192,13 +209,38 @@ class Config:
         require(bool(self.output_dir.strip()), "output_dir", "must not be empty")
         _require_finite(self)
         require(
+            not (self.checkpoint.async_ and self.distributed.strategy is Strategy.ddp),
+            "checkpoint.async",
+            "needs distributed.strategy=fsdp2 (a ddp checkpoint is one file that rank 0 writes)",
+        )
+        require(
             not (self.train.precision is Precision.fp16 and self.distributed.device is Device.cpu),
             "train.precision",
             "fp16 needs CUDA; use train.precision=bf16 or fp32 on CPU",
         )
 
     def to_yaml(self) -> str:
-        return OmegaConf.to_yaml(OmegaConf.structured(self))
+        tree = OmegaConf.to_container(OmegaConf.structured(self), enum_to_str=True)
+        return OmegaConf.to_yaml(OmegaConf.create(_renamed(tree, public_key)))
+
+
+def public_key(name: str) -> str:
+    """The config key of a field: a Python keyword (``async``) is a field with a trailing underscore."""
+    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
+
+
+def field_name(key: str) -> str:
+    return f"{key}_" if keyword.iskeyword(key) else key
+
+
+def _renamed(tree: Any, rename: Callable[[str], str]) -> Any:
+    if not isinstance(tree, dict):
+        return tree
+    return {rename(str(key)): _renamed(value, rename) for key, value in tree.items()}
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    return OmegaConf.create(_renamed(OmegaConf.to_container(OmegaConf.load(path)), field_name))
 
 
 def _require_finite(node: object, prefix: str = "") -> None:
@@ -221,6 +263,10 @@ def model_type_defaults_path() -> Path:
     return Path(str(resources.files(f"{__package__}.model_type").joinpath("defaults.yaml")))
 
 
+def _dotted(key: str | None, rename: Callable[[str], str]) -> str | None:
+    return ".".join(rename(part) for part in key.split(".")) if key else key
+
+
 def load_config(overrides: list[str], defaults: Path | None = None) -> Config:
     """Merge the defaults files with ``key=value`` overrides and validate the result."""
     for item in overrides:
@@ -228,20 +274,21 @@ def load_config(overrides: list[str], defaults: Path | None = None) -> Config:
             raise ConfigError(f"argument {item!r} is not key=value; write e.g. train.lr=1e-4")
     # YAML reads an empty value as null; on the command line `key=` means an empty string.
     overrides = [f"{item}''" if item.endswith("=") else item for item in overrides]
+    overrides = [f"{_dotted(key, field_name)}={value}" for key, value in (o.split("=", 1) for o in overrides)]
     path = defaults or default_config_path()
     try:
         merged = OmegaConf.merge(
             OmegaConf.structured(Config),
-            OmegaConf.load(path),
-            OmegaConf.load(model_type_defaults_path()),
+            _load_yaml(path),
+            _load_yaml(model_type_defaults_path()),
             OmegaConf.from_dotlist(overrides),
         )
         config = OmegaConf.to_object(merged)
     except ConfigKeyError as error:
         valid = f"python -m {__package__}.config_reference lists the valid keys"
-        raise ConfigError(f"{error.full_key}: unknown config key; {valid}") from None
+        raise ConfigError(f"{_dotted(error.full_key, public_key)}: unknown config key; {valid}") from None
     except OmegaConfBaseException as error:
         reason = str(error.msg if hasattr(error, "msg") else error).splitlines()[0]
-        raise ConfigError(f"{error.full_key or path}: {reason}") from None
+        raise ConfigError(f"{_dotted(error.full_key, public_key) or path}: {reason}") from None
     assert isinstance(config, Config)
     return config

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .cli import command_parser
-from .config import Config
+from .config import Config, public_key
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN = "<!-- config reference: begin -->"
@@ -63,7 +63,7 @@ def rows(schema: type = Config, prefix: str = "") -> Iterator[tuple[str, str, st
         if isinstance(kind, type) and dataclasses.is_dataclass(kind):
             yield from rows(kind, f"{prefix}{field.name}.")
         else:
-            yield f"{prefix}{field.name}", type_name(kind), docs.get(field.name, "")
+            yield f"{prefix}{public_key(field.name)}", type_name(kind), docs.get(field.name, "")
 
 
 def markdown() -> str:

@@ -13,9 +13,9 @@ from .checkpoint import Resumed
 from .config import Config, Precision
 from .distributed import DistEnv, barrier, main_process_first
 from .log import log
-from .model import wrap_ddp
 from .optim import build_optimizer, build_scheduler
-from .precision import effective_precision, fallback_warning, grad_scaler
+from .parallel import Parallel
+from .precision import effective_precision, fallback_warning
 from .state import TrainingState
 
 # What one run leaves in output_dir, moved aside whole by checkpoint.start_over (the cache stays: it
@@ -115,17 +115,20 @@ def download_first(pretrained: str, env: DistEnv) -> AbstractContextManager:
 
 
 def build_training_state(
-    model: nn.Module, config: Config, env: DistEnv, total_steps: int, precision: Precision
+    model: nn.Module, config: Config, env: DistEnv, total_steps: int, parallel: Parallel
 ) -> TrainingState:
-    """The model on this rank's device, wrapped for DDP, with its optimizer, schedule and loss scaler.
+    """The model on this rank's device, wrapped for DDP or sharded for FSDP2, with its optimizer,
+    schedule and loss scaler.
 
-    Every rank then loads the same checkpoint (if any) into it, so wrapping before loading is safe.
+    Adapters (LoRA) must be in ``model`` already: FSDP2 shards what is there, and the optimizer takes
+    the trainable parameters, sharded. Every rank then loads the same checkpoint (if any) into the
+    result, so wrapping before loading is safe.
     """
-    wrapped = wrap_ddp(model.to(env.device), env, config.distributed)
+    wrapped = parallel.wrap(model)  # on this rank's device; FSDP2 moves it there one block at a time
     optimizer = build_optimizer(model, config.train, env.device)
     return TrainingState(
         model=wrapped,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, config.train, total_steps),
-        scaler=grad_scaler(precision, env.device),
+        scaler=parallel.grad_scaler(),
     )

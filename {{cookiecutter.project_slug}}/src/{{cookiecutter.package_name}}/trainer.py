@@ -1,4 +1,5 @@
-"""The training loop: accumulation with ``no_sync``, mixed precision, clipping, evaluation, checkpoints."""
+"""The training loop: accumulation, mixed precision, clipping, evaluation, checkpoints; one loop for DDP
+and FSDP2, whose differences sit behind ``Parallel`` (parallel.py)."""
 
 from __future__ import annotations
 
@@ -14,20 +15,13 @@ from .batch_plan import plan_batches
 from .checkpoint import Checkpointer
 from .config import Config
 from .data import to_device
-from .distributed import (
-    DistEnv,
-    all_reduce_sum,
-    all_reduce_sum_cpu,
-    barrier,
-    broadcast_object,
-    gather_objects,
-)
+from .distributed import DistEnv, all_reduce_sum, all_reduce_sum_cpu, barrier, broadcast_object
 from .evaluation import evaluate
 from .log import log
 from .metrics import MetricsWriter
-from .model import compile_model, parameter_checksums, skip_gradient_sync, sync_state_buffers
+from .model import compile_model, sync_state_buffers
 from .nonfinite import NonFiniteGuard
-from .precision import autocast
+from .parallel import build_parallel
 from .preemption import Preempted, PreemptionWatch
 from .rng import seed_everything
 from .setup import (
@@ -56,8 +50,11 @@ class Trainer:
         self.precision = training_precision(config.train.precision, env)
         with download_first(config.model.pretrained, env):
             model = task.build_model(config, self.data)
-        self.state = build_training_state(model, config, env, self.plan.total_steps, self.precision)
-        self.checkpointer = Checkpointer(self.output_dir / "checkpoints", env, config.checkpoint.keep_last)
+        self.parallel = build_parallel(config.distributed, env, self.precision)
+        self.state = build_training_state(model, config, env, self.plan.total_steps, self.parallel)
+        layout = self.parallel.checkpoint_layout(config.checkpoint)
+        checkpoints = self.output_dir / "checkpoints"
+        self.checkpointer = Checkpointer(checkpoints, env, config.checkpoint.keep_last, layout)
         resumed = self.checkpointer.load_latest(self.state, config.seed)
         if not resumed:
             seed_everything(config.seed + env.rank)  # dropout etc. differ by rank, as they should
@@ -108,6 +105,7 @@ class Trainer:
                 self.evaluate()
             self.verify_replicas()
             self.save_final()
+            self.checkpointer.wait()  # the last checkpoint, when written in the background
             outcome = "finished"
         except Preempted:
             outcome = "preempted"
@@ -161,6 +159,7 @@ class Trainer:
                 self.save_checkpoint()
                 # No rank exits before the checkpoint is on disk: schedulers stop a whole job when its
                 # first node exits (srun --kill-on-bad-exit, a PyTorchJob restarting its pods).
+                self.checkpointer.wait()
                 barrier()
                 raise Preempted(self.preemption.signal_name(), progress.step)
 
@@ -169,7 +168,7 @@ class Trainer:
 
         The loss of every micro-batch is summed over its targets and divided by the targets of the whole
         step, on every rank: the gradient is that of the mean over the global batch, however the targets
-        fall into micro-batches and ranks. Gradients are all-reduced once, on the last micro-batch.
+        fall into micro-batches and ranks. Gradients are reduced across ranks once, on the last micro-batch.
         Returns the step's mean loss on this rank's share (for logging).
         """
         state, env = self.state, self.env
@@ -186,16 +185,16 @@ class Trainer:
             )
             batch = to_device(host_batch, env.device)
             last = index == len(host_batches) - 1
-            with skip_gradient_sync(state.model, not last):
-                with autocast(self.precision, env.device):
-                    # DDP averages gradients over the ranks: the world size turns that mean into a sum.
+            with self.parallel.skip_gradient_sync(state.model, not last):
+                with self.parallel.autocast():
+                    # DDP and FSDP2 average gradients over the ranks: the world size makes that a sum.
                     loss = self.task.loss_sum(state.model, batch) * (env.world_size / step_targets)
                 state.scaler.scale(loss).backward()
             total_loss += loss.detach().float()
         train, grad_norm = self.config.train, None
         if train.max_grad_norm:
             state.scaler.unscale_(state.optimizer)  # clip the true gradients, not the scaled ones
-            grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), train.max_grad_norm)
+            grad_norm = self.parallel.clip_grad_norm(state.model, train.max_grad_norm)
         scaled = state.scaler.is_enabled()  # fp16: the scaler skips steps with inf gradients itself
         self.nonfinite.record(state.progress.step + 1, total_loss, None if scaled else grad_norm)
         state.scaler.step(state.optimizer)
@@ -264,30 +263,25 @@ class Trainer:
     def evaluate(self) -> None:
         plan = self.plan
         assert plan.val_loader is not None and plan.eval_batches is not None
-        results = evaluate(
-            self.state.model, plan.val_loader, plan.eval_batches, self.task, self.env, self.precision
-        )
+        batches, task = plan.eval_batches, self.task
+        results = evaluate(self.state.model, plan.val_loader, batches, task, self.env, self.parallel)
         self.last_eval = {"step": self.state.progress.step, "epoch": self.epoch_progress(), **results}
         self.metrics.write(self.last_eval)
 
     def verify_replicas(self) -> None:
-        """DDP keeps replicas identical by construction; prove it before saving one of them."""
-        checksums = gather_objects(parameter_checksums(self.state.module), self.env)
-        for rank, theirs in enumerate(checksums):
-            differing = [mine[0] for mine, other in zip(checksums[0], theirs, strict=True) if mine != other]
-            if differing:
-                raise RuntimeError(f"rank {rank} holds different values of {differing[0]} than rank 0")
-        log.info(f"parameters identical on all {self.env.world_size} rank(s)")
+        """Before final/ is saved: the ranks hold what they should (replicas, or shards of one model)."""
+        log.info(self.parallel.verify(self.state.model))
 
     def save_final(self) -> None:
         """``final/``: the fine-tuned model alone, replaced as a whole so it is never half-written."""
-        if self.env.is_main:
-            final = self.output_dir / "final"
-            partial = self.output_dir / ".final.partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir(parents=True)
-            self.task.save_final(self.state.module, self.data, partial)
-            shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)
-            log.info(f"fine-tuned model saved: {final}")
+        with self.parallel.full_model(self.state.model) as module:  # gathered on rank 0 under FSDP2
+            if module is not None and self.env.is_main:
+                final = self.output_dir / "final"
+                partial = self.output_dir / ".final.partial"
+                shutil.rmtree(partial, ignore_errors=True)
+                partial.mkdir(parents=True)
+                self.task.save_final(module, self.data, partial)
+                shutil.rmtree(final, ignore_errors=True)
+                partial.rename(final)
+                log.info(f"fine-tuned model saved: {final}")
         barrier()  # no rank reports success before the model is on disk

@@ -24,6 +24,7 @@ from template_helpers import (
     list_files,
     ruff_check,
     ruff_format_check,
+    run,
     run_generated_suite,
     shellcheck,
 )

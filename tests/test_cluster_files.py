@@ -144,7 +144,11 @@ def test_pytorchjob_carries_the_answers(render, case):
 def test_dockerfile_builds_the_project_image(render, case):
     answers, _, project = render(case)
     lines = (project.path / "Dockerfile").read_text(encoding="utf-8").splitlines()
-    base = "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime" if int(answers["gpus_per_node"]) else "python:3.11-slim"
+    base = (
+        "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime"
+        if int(answers["gpus_per_node"])
+        else "python:3.11-slim"
+    )
     assert [line for line in lines if line.startswith("FROM ")] == [f"FROM {base}"]
     cpu_torch = "    pip install torch --index-url https://download.pytorch.org/whl/cpu && \\"
     assert (cpu_torch in lines) == (answers["gpus_per_node"] == "0")

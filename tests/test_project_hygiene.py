@@ -24,7 +24,9 @@ def project(cookies_session):
 
 
 def test_ruff_is_pinned_once_in_the_test_extra_that_ci_and_pre_commit_use(project):
-    extra = tomllib.loads((project / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    extra = tomllib.loads((project / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "test"
+    ]
     assert [spec for spec in extra if spec.startswith("ruff")] == [f"ruff=={PINNED_RUFF}"]  # the template's
     config = yaml.safe_load((project / ".pre-commit-config.yaml").read_text())
     hooks = {hook["id"]: hook for repo in config["repos"] for hook in repo["hooks"]}

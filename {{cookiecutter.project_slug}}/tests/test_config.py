@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,8 @@ from {{ cookiecutter.package_name }}.config import (
     Precision,
     load_config,
 )
+from {{ cookiecutter.package_name }}.constants import MODEL_TYPE
+from {{ cookiecutter.package_name }}.preflight import require_writable_output_dir
 
 CONTRACT_KEYS = [
     "output_dir",
@@ -123,3 +127,51 @@ def test_the_pre_check_imports_no_torch(demo: tuple[Path, list[str]], tmp_path: 
     )
     on_gpu = load_config([*ON_THIS_MACHINE, *demo[1]]).distributed.device is Device.cuda
     assert done.stdout.strip() == ("0 ['torch']" if on_gpu else "0 []"), done.stdout + done.stderr
+
+
+def check_in_a_process(overrides: list[str], cwd: Path | None = None, **env: str):
+    """What launch.sh runs before torchrun starts: ``python -m <package> --check``."""
+    command = [sys.executable, "-m", PACKAGE, "--check", *ON_THIS_MACHINE, *overrides]
+    environment = launch_env(1, **env)
+    return subprocess.run(command, env=environment, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def refusal(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1, result.stdout + result.stderr
+    [line] = result.stderr.splitlines()  # one line: no traceback
+    return line
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("a YAML typo", "error: train.lr: '[1,' is not a YAML value ("),
+        ("output_dir is a file", "is a file; give a folder"),
+        ("output_dir is below a file", "is below "),
+        ("data.train_file is a folder", "is a folder; give the data file itself"),
+    ],
+)
+def test_the_pre_check_refuses_in_one_line(demo, tmp_path: Path, case: str, message: str) -> None:
+    directory, overrides = demo
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    override = {
+        "a YAML typo": "train.lr=[1,",
+        "output_dir is a file": f"output_dir={a_file}",
+        "output_dir is below a file": f"output_dir={a_file / 'run'}",
+        "data.train_file is a folder": f"data.train_file={directory}",
+    }[case]
+    if case.startswith("data.") and MODEL_TYPE not in ("text-classification", "causal-lm"):
+        pytest.skip("data files in JSON Lines: not this model type's")
+    started = time.monotonic()
+    output_dir = f"output_dir={tmp_path / 'out'}"
+    result = check_in_a_process([*overrides, output_dir, override], cwd=directory.parent)
+    assert message in refusal(result)
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unwritable_output_dir_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a read-only file system answers
+    with pytest.raises(ConfigError, match=r"output_dir='.*' is not writable \(.*\); choose another"):
+        require_writable_output_dir(str(tmp_path / "run"))

@@ -86,6 +86,7 @@ CORE_FILES = [
     "src/{pkg}/precision.py",
     "src/{pkg}/preemption.py",
     "src/{pkg}/preflight.py",
+    "src/{pkg}/pretrained.py",
     "src/{pkg}/rng.py",
     "src/{pkg}/run.py",
     "src/{pkg}/throughput.py",

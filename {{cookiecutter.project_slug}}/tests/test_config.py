@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -149,6 +150,7 @@ def refusal(result: subprocess.CompletedProcess) -> str:
         ("output_dir is a file", "is a file; give a folder"),
         ("output_dir is below a file", "is below "),
         ("data.train_file is a folder", "is a folder; give the data file itself"),
+        ("model.pretrained is a mistyped local path", "does not exist ("),
     ],
 )
 def test_the_pre_check_refuses_in_one_line(demo, tmp_path: Path, case: str, message: str) -> None:
@@ -160,14 +162,17 @@ def test_the_pre_check_refuses_in_one_line(demo, tmp_path: Path, case: str, mess
         "output_dir is a file": f"output_dir={a_file}",
         "output_dir is below a file": f"output_dir={a_file / 'run'}",
         "data.train_file is a folder": f"data.train_file={directory}",
+        "model.pretrained is a mistyped local path": f"model.pretrained={directory.name}/modle",
     }[case]
     if case.startswith("data.") and MODEL_TYPE not in ("text-classification", "causal-lm"):
         pytest.skip("data files in JSON Lines: not this model type's")
+    if case.startswith("model.") and MODEL_TYPE == "custom":
+        pytest.skip("the custom type loads no hub checkpoint")
     started = time.monotonic()
     output_dir = f"output_dir={tmp_path / 'out'}"
     result = check_in_a_process([*overrides, output_dir, override], cwd=directory.parent)
     assert message in refusal(result)
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 30  # no hub retries
     assert not (tmp_path / "out").exists()
 
 
@@ -175,3 +180,58 @@ def test_an_unwritable_output_dir_is_refused(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a read-only file system answers
     with pytest.raises(ConfigError, match=r"output_dir='.*' is not writable \(.*\); choose another"):
         require_writable_output_dir(str(tmp_path / "run"))
+
+
+hub_model = pytest.mark.skipif(MODEL_TYPE == "custom", reason="the custom type loads no hub checkpoint")
+
+
+def with_model(overrides: list[str], model: str, output_dir: Path) -> list[str]:
+    return [*(item for item in overrides if not item.startswith("model.pretrained=")),
+            f"model.pretrained={model}", f"output_dir={output_dir}"]  # fmt: skip
+
+
+@hub_model
+def test_an_uncached_hub_model_offline_is_one_line_with_the_fix(demo, tmp_path: Path) -> None:
+    cache = tmp_path / "hub"
+    started = time.monotonic()
+    result = check_in_a_process(
+        with_model(demo[1], "someone/not-downloaded", tmp_path / "out"),
+        HF_HUB_OFFLINE="1",
+        HF_HUB_CACHE=str(cache),
+    )
+    line = refusal(result)
+    assert time.monotonic() - started < 30
+    assert line.startswith("error: model.pretrained='someone/not-downloaded' is not a local folder, nor in")
+    assert "HF_HUB_OFFLINE" in line and str(cache) in line and "hf download someone/not-downloaded" in line
+
+
+@hub_model
+def test_an_unreachable_hub_is_one_line_within_seconds(demo, tmp_path: Path) -> None:
+    with socket.socket() as closed:  # a port nothing listens on: the hub's address, unreachable
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    started = time.monotonic()
+    result = check_in_a_process(
+        with_model(demo[1], "someone/not-downloaded", tmp_path / "out"),
+        HF_ENDPOINT=endpoint,
+        HF_HUB_CACHE=str(tmp_path / "hub"),
+        HF_HUB_OFFLINE="0",
+    )
+    line = refusal(result)
+    assert time.monotonic() - started < 30
+    assert f"and {endpoint} did not answer" in line and "HF_HUB_OFFLINE=1" in line
+
+
+@hub_model
+def test_a_cached_hub_model_passes_offline(demo, tmp_path: Path) -> None:
+    snapshot = tmp_path / "hub" / "models--someone--downloaded" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    result = check_in_a_process(
+        with_model(demo[1], "someone/downloaded", tmp_path / "out"),
+        HF_HUB_OFFLINE="1",
+        HF_HUB_CACHE=str(tmp_path / "hub"),
+    )
+    assert result.returncode == 0, result.stderr

@@ -27,6 +27,7 @@ from {{ cookiecutter.package_name }}.doctor import (
     gpus_for_processes,
     master_port,
     output_dir_writable,
+    pretrained_model,
     processes_per_node,
     smoke_test,
 )
@@ -213,3 +214,19 @@ def test_output_dir_check_leaves_only_the_directory(tmp_path: Path) -> None:
     config = load_config([*ON_THIS_MACHINE, f"output_dir={output_dir}"])
     assert output_dir_writable(config) == ("ok", f"output_dir={output_dir} is writable")
     assert list(tmp_path.iterdir()) == [output_dir] and not list(output_dir.iterdir())
+
+
+@pytest.mark.skipif(MODEL_TYPE == "custom", reason="the custom type loads no hub checkpoint")
+def test_the_pretrained_model_is_resolved(demo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants
+
+    config = load_config([*ON_THIS_MACHINE, *demo[1], f"output_dir={tmp_path}"])
+    status, text = pretrained_model(config)
+    assert status == "ok" and text.endswith(f"a local folder ({Path(config.model.pretrained).resolve()})")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    offline = load_config([*ON_THIS_MACHINE, *demo[1], "model.pretrained=someone/not-downloaded"])
+    status, text = pretrained_model(offline)
+    assert status == "FAIL" and "HF_HUB_OFFLINE is set" in text and str(tmp_path / "hub") in text
+    assert "; fix: give the path of a local copy" in text

@@ -1,5 +1,5 @@
-"""The checks a run passes before any process starts: config, data paths, output_dir, the tracker's
-package, device.
+"""The checks a run passes before any process starts: config, data paths, output_dir, the pretrained
+model, the tracker's package, device.
 
 ``launch.sh`` runs them in one process (``python -m <package> --check``), so a mistake costs a second and
 prints one line. Nothing here imports torch or the model type's libraries, whose import alone takes
@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 from .config import Config, ConfigError, Device, TrackerConfig, TrackerName
+from .constants import MODEL_TYPE
+from .pretrained import resolve_if_used
 from .tasks import load_checks
 
 # The module each tracker imports, and what to install for it.
@@ -68,11 +70,16 @@ def check_tracker(config: TrackerConfig) -> None:
         )
 
 
-def check(config: Config) -> None:
-    """Raise ``ConfigError`` naming the first thing that keeps this run from starting."""
+def check(config: Config, before_launch: bool = True) -> None:
+    """Raise ``ConfigError`` naming the first thing that keeps this run from starting.
+
+    ``before_launch``: also ask the hub about a model that is not cached; a worker that launch.sh
+    started leaves that to the pre-check.
+    """
     load_checks().check_config(config)
     check_tracker(config.tracker)
     require_writable_output_dir(config.output_dir)
+    resolve_if_used(config.model.pretrained, MODEL_TYPE, use_network=before_launch)
     if config.distributed.device is Device.cuda:  # e.g. CUDA asked for on a CPU machine
         from .distributed import resolve_device  # torch: only a GPU run pays for its import here
 

@@ -102,6 +102,7 @@ CORE_FILES = [
     "tests/test_faults.py",
     "tests/test_launch_script.py",
     "tests/test_plot.py",
+    "tests/test_runtime.py",
     "tests/test_sampler.py",
     "tests/test_throughput.py",
     "tests/test_training.py",

@@ -1,16 +1,116 @@
-"""The runtime's guards, without torchrun: gloo's network interface."""
+"""The runtime's guards, without torchrun: how the launcher turns the workers' outcomes into lines and
+an exit code, processes tied to their parent, and gloo's network interface."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch.distributed as dist
-from conftest import ON_THIS_MACHINE
+from conftest import ON_THIS_MACHINE, PROJECT, is_gone
 
+from {{ cookiecutter.package_name }} import launcher
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.distributed import distributed, gloo_follows_nccl_interface
+from {{ cookiecutter.package_name }}.launch_status import CRASH, FINISHED, PREEMPTED, USER_ERROR, Outcome
+
+
+def outcome(kind: str, rank: int, message: str = "", attempt: int = 0, at: float = 0.0) -> Outcome:
+    return Outcome(kind=kind, message=message, rank=rank, attempt=attempt, pid=pid(rank, attempt), time=at)
+
+
+def pid(rank: int, attempt: int = 0) -> int:
+    return 1000 + 100 * attempt + rank
+
+
+def failure(*ranks: int, attempt: int = 0, killed: int | None = None) -> Exception:
+    """torchrun's ChildFailedError, as far as the launcher reads it: the failed ranks' processes."""
+    error = RuntimeError("a report of 40 lines")
+    error.failures = {  # type: ignore[attr-defined]
+        rank: SimpleNamespace(
+            pid=pid(rank, attempt), exitcode=-9 if rank == killed else 1, signal_name=lambda: "SIGKILL"
+        )
+        for rank in ranks
+    }
+    return error
+
+
+def never() -> Path:
+    raise AssertionError("no log file expected")
+
+
+def test_each_user_error_is_shown_once(capsys: pytest.CaptureFixture[str]) -> None:
+    this_attempt = [
+        outcome(USER_ERROR, 0, "error: a.jsonl:3: missing field 'label'"),
+        outcome(USER_ERROR, 1, "error: a.jsonl:3: missing field 'label'"),
+        outcome(USER_ERROR, 2, "error: b.jsonl:1: not valid JSON"),
+        outcome(CRASH, 3, "RuntimeError: Connection closed by peer"),  # waited for the others
+    ]
+    outcomes = [outcome(USER_ERROR, 0, "error: from the attempt before", attempt=0)]
+    outcomes += [replace(item, attempt=1, pid=pid(item.rank, 1)) for item in this_attempt]
+    assert launcher.conclude(outcomes, failure(0, 1, 2, 3, attempt=1), never) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "error: a.jsonl:3: missing field 'label'",
+        "error: b.jsonl:1: not valid JSON",
+    ]
+
+
+def test_a_preempted_group_exits_75_and_a_finished_one_0(capsys: pytest.CaptureFixture[str]) -> None:
+    stop = "stopped by SIGTERM after step 8; checkpoint saved; run the same command to resume"
+    assert launcher.conclude([outcome(PREEMPTED, 0, stop), outcome(PREEMPTED, 1, stop)], None, never) == 75
+    assert capsys.readouterr().err.splitlines() == [f"launch.sh: {stop}"]
+    # A restart that finished after an earlier attempt's stop: finished.
+    later = [outcome(PREEMPTED, 0, stop), outcome(FINISHED, 0, attempt=1)]
+    assert launcher.conclude(later, None, never) == 0
+
+
+def test_a_bug_or_a_killed_worker_is_one_line_with_the_log(capsys, tmp_path: Path) -> None:
+    log = tmp_path / "failure.log"
+    crashes = [outcome(CRASH, 0, "RuntimeError: gone", at=2.0), outcome(CRASH, 1, "KeyError: 'x'", at=1.0)]
+    assert launcher.conclude(crashes, failure(0, 1), lambda: log) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: rank 1 failed with KeyError: 'x'; the traceback is in {log}"  # the first to fail
+    ]
+    # A worker killed without a word is the cause; the other's crash followed from it.
+    assert launcher.conclude(crashes[:1], failure(0, 1, killed=1), lambda: log) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: rank 1 (pid 1001) was killed by SIGKILL; torchrun's report is in {log}"
+    ]
+
+
+TIED_CHILD = """
+import os, sys, time
+sys.path.insert(0, sys.argv[1])
+from {{ cookiecutter.package_name }}.lifeline import tie_to_parent
+tie_to_parent()
+print(os.getpid(), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_process_tied_to_its_parent_ends_with_it(tmp_path: Path) -> None:
+    # The parent starts the child in a session of its own, as torchrun starts its workers.
+    parent_code = (
+        "import subprocess, sys\n"
+        f"child = subprocess.Popen([sys.executable, '-c', {TIED_CHILD!r}, {str(PROJECT / 'src')!r}],"
+        " start_new_session=True, stdout=sys.stdout)\n"
+        "child.wait()\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()  # SIGKILL: no chance to clean up
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while not is_gone(child):
+        assert time.monotonic() < deadline, "the child outlived its parent"
+        time.sleep(0.02)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .config import Backend, ConfigError, Device, DistributedConfig
+from .launch_status import launched_by_torchrun
 
 # A gloo group for small control messages (preemption flags) when the main backend is nccl, so they
 # never wait for the GPU stream; None means the default group serves.
@@ -45,10 +46,6 @@ def _env_int(name: str, default: int) -> int:
         return int(raw)
     except ValueError:
         raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def launched_by_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
 
 
 def resolve_device(config: DistributedConfig, local_rank: int) -> torch.device:

@@ -8,24 +8,34 @@ from .checkpoint import CheckpointError
 from .config import Config, ConfigError
 from .data import DataError
 from .distributed import distributed, launched_by_torchrun
-from .errors import report_error
+from .errors import os_error_message, report_crash, report_error
+from .launch_status import FINISHED, PREEMPTED, tell_launcher
 from .metrics import log, setup_logging
 from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
 from .tasks import load_task
 from .trainer import Trainer
 
+# Errors whose message is the whole report: the user's to fix, no traceback.
+USER_ERRORS = (ConfigError, DataError, CheckpointError)
 
-@record  # under torchrun, an unexpected exception's traceback is reported once, as the root cause
+
+@record  # under a torchrun of your own, an unexpected exception's traceback is reported as the root cause
 def run(config: Config) -> int:
     try:
         preemption = PreemptionWatch()
         with distributed(config.distributed) as env:
             setup_logging(env, config.log_level)
             Trainer(config, load_task(), env, preemption).fit()
-    except (ConfigError, DataError, CheckpointError) as error:
-        report_error(f"error: {error}")
-        return 1
     except Preempted as stop:
-        log.info(f"preempted: {stop}; run the same command again to resume")
+        if not tell_launcher(PREEMPTED, f"{stop}; run the same command to resume"):
+            log.info(f"preempted: {stop}; run the same command again to resume")
         return 0 if launched_by_torchrun() else PREEMPTED_EXIT_CODE
+    except Exception as error:
+        message = str(error) if isinstance(error, USER_ERRORS) else os_error_message(error)
+        if message is not None:
+            report_error(f"error: {message}")
+        elif not report_crash(error):
+            raise
+        return 1
+    tell_launcher(FINISHED)
     return 0

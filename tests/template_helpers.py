@@ -82,6 +82,7 @@ CORE_FILES = [
     "src/{pkg}/launch_status.py",
     "src/{pkg}/launcher.py",
     "src/{pkg}/lifeline.py",
+    "src/{pkg}/lock.py",
     "src/{pkg}/metrics.py",
     "src/{pkg}/model.py",
     "src/{pkg}/optim.py",

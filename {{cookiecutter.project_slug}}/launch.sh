@@ -76,17 +76,19 @@ max_restarts="${MAX_RESTARTS:-0}"
 [[ "$max_restarts" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS='$max_restarts' is not a whole number >= 0"
 
 args=(--nproc-per-node="$nproc" --max-restarts="$max_restarts")
+run_id="" # a single node's: torchrun draws one
 if ((nnodes == 1)); then
     # A local rendezvous on a free port: two jobs on one machine never collide.
     args+=(--standalone)
 else
     [[ -n "${MASTER_ADDR:-}" ]] || die "NNODES=$nnodes needs MASTER_ADDR, the host every node can reach (e.g. the first node)"
     port="${MASTER_PORT:-29500}"
+    run_id="${RUN_ID:-{{ cookiecutter.project_slug }}-$MASTER_ADDR-$port}"
     args+=(
         --nnodes="$nnodes"
         --rdzv-backend=c10d
         --rdzv-endpoint="$MASTER_ADDR:$port"
-        --rdzv-id="${RUN_ID:-{{ cookiecutter.project_slug }}-$MASTER_ADDR-$port}"
+        --rdzv-id="$run_id"
     )
     if [[ -n "$NODE_RANK" ]]; then
         if [[ ! "$NODE_RANK" =~ ^[0-9]+$ ]] || ((10#$NODE_RANK >= nnodes)); then
@@ -121,9 +123,10 @@ if [[ -z "${MALLOC_MMAP_THRESHOLD_:-}${MALLOC_TRIM_THRESHOLD_:-}${GLIBC_TUNABLES
     export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864
 fi
 
-# Refuse a bad override, a missing path or model, or an unusable output_dir here, in one process and one
-# line, before any process group is formed.
-python -m {{ cookiecutter.package_name }} --check "$@"
+# Refuse a bad override, a missing path or model, or an output_dir that another run holds here, in one
+# process and one line, before any process group is formed. The run id lets a node that joins its own job
+# (a restarted pod) past the lock of that job.
+LAUNCH_RUN_ID="$run_id" python -m {{ cookiecutter.package_name }} --check "$@"
 
 # How this node's workers end, and this script's stop request, pass through files here (launch_status.py).
 status_dir="$(mktemp -d "${TMPDIR:-/tmp}/{{ cookiecutter.project_slug }}-launch.XXXXXX")"

@@ -26,11 +26,13 @@ from {{ cookiecutter.package_name }}.doctor import (
     data_files,
     gpus_for_processes,
     master_port,
+    output_dir_free,
     output_dir_writable,
     pretrained_model,
     processes_per_node,
     smoke_test,
 )
+from {{ cookiecutter.package_name }}.lock import OutputDirLock
 
 # What a launcher or a cluster may have set in this shell; each test sets what it needs.
 LAUNCH_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT", "PET_NPROC_PER_NODE")
@@ -214,6 +216,19 @@ def test_output_dir_check_leaves_only_the_directory(tmp_path: Path) -> None:
     config = load_config([*ON_THIS_MACHINE, f"output_dir={output_dir}"])
     assert output_dir_writable(config) == ("ok", f"output_dir={output_dir} is writable")
     assert list(tmp_path.iterdir()) == [output_dir] and not list(output_dir.iterdir())
+
+
+def test_a_busy_output_dir_fails(tmp_path: Path) -> None:
+    config = load_config([*ON_THIS_MACHINE, f"output_dir={tmp_path}"])
+    assert output_dir_free(config) == ("ok", f"output_dir={tmp_path} is not in use by another run")
+    mine = OutputDirLock(tmp_path)
+    mine.acquire()
+    try:
+        status, text = output_dir_free(config)
+    finally:
+        mine.release()
+    assert status == "FAIL" and f"output_dir={tmp_path} is in use by another run (host " in text
+    assert text.endswith("; fix: wait for it to end, or choose another output_dir")
 
 
 @pytest.mark.skipif(MODEL_TYPE == "custom", reason="the custom type loads no hub checkpoint")

@@ -37,6 +37,7 @@ def test_killed_job_resumes_to_the_same_weights(demo, reference: Path, tmp_path:
     launch, workers = interrupted_run(demo, tmp_path)
     _kill_job(launch, workers)  # as a lost node or an out-of-memory kill would
     assert not (tmp_path / "final").exists()
+    assert (tmp_path / ".lock").exists()  # left behind by the killed rank 0: it must not stand in the way
 
     resumed = run_launch([*demo[1], *FAULT_RUN, f"output_dir={tmp_path}"])
     assert resumed.returncode == 0, resumed.stderr[-4000:]

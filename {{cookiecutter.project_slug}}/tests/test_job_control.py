@@ -1,5 +1,6 @@
-"""Stopping a job, under real torchrun with 2 gloo processes: however the job is stopped it ends the same
-way (a checkpoint and exit 75 on every node, or no process left behind)."""
+"""Stopping and sharing a job, under real torchrun with 2 gloo processes: however the job is stopped it
+ends the same way (a checkpoint, exit 75 on every node, or no process left behind), and one output_dir
+holds one run at a time."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from conftest import (
     is_gone,
     launch_env,
     launcher_of,
+    read_metrics,
     run_launch,
     signal_all,
     start_launch,
@@ -37,6 +39,52 @@ pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
 STOPPED = re.compile(
     r"launch\.sh: stopped by (SIG\w+|a signal on another rank) after step \d+; checkpoint saved; run the same"
 )
+
+
+def busy(output_dir: Path, holder_pid: int) -> re.Pattern:
+    return re.compile(
+        rf"error: output_dir={re.escape(str(output_dir))} is in use by another run "
+        rf"\(host {re.escape(socket.gethostname())}, pid {holder_pid}, since [^)]+\); wait for it to end"
+    )
+
+
+def test_a_second_run_into_a_busy_output_dir_is_refused_in_seconds(demo, tmp_path: Path, reap) -> None:
+    first, workers = interrupted_run(demo, tmp_path)  # paused: it cannot end before the second starts
+    reap += [first.pid, *workers]
+    started = time.monotonic()
+    second = run_launch([*demo[1], *FAULT_RUN, f"output_dir={tmp_path}"], timeout=120)
+    assert second.returncode == 1
+    assert time.monotonic() - started < 30  # the pre-check refuses it; no torchrun starts
+    [line] = second.stderr.splitlines()
+    assert busy(tmp_path, workers[0]).match(line), line  # rank 0 holds the lock
+
+    signal_all(workers, signal.SIGCONT)
+    _, stderr = first.communicate(timeout=240)
+    assert first.returncode == 0, stderr[-3000:]
+    records = [(r["step"], "eval_loss" in r) for r in read_metrics(tmp_path)]
+    assert len(records) == len(set(records))
+    assert not (tmp_path / ".lock").exists()  # released at the end
+
+
+def test_two_runs_started_together_into_one_output_dir(demo, tmp_path: Path, reap) -> None:
+    runs = [start_launch([*demo[1], *QUIET, "train.epochs=50", f"output_dir={tmp_path}"]) for _ in range(2)]
+    reap += [run.pid for run in runs]
+    deadline = time.monotonic() + 240
+    while all(run.poll() is None for run in runs):  # one is refused while the other trains
+        assert time.monotonic() < deadline, "neither run was refused"
+        time.sleep(0.05)
+    [refused] = [run for run in runs if run.poll() is not None]
+    [winner] = [run for run in runs if run is not refused]
+    _, stderr = refused.communicate()
+    assert refused.returncode == 1
+    [line] = stderr.splitlines()
+    assert busy(tmp_path, int(line.split("pid ")[1].split(",")[0])).match(line), line
+
+    winner.send_signal(signal.SIGTERM)  # enough: it trains alone
+    _, stderr = winner.communicate(timeout=240)
+    assert winner.returncode == 75, stderr[-3000:]
+    records = [(r["step"], "eval_loss" in r) for r in read_metrics(tmp_path)]
+    assert len(records) == len(set(records))
 
 
 @pytest.mark.parametrize("killed", ["torchrun", "the process group of launch.sh"])

@@ -1,14 +1,18 @@
-"""The runtime's guards, without torchrun: how the launcher turns the workers' outcomes into lines and
-an exit code, processes tied to their parent, and gloo's network interface."""
+"""The runtime's guards, without torchrun: the output_dir lock, how the launcher turns the workers'
+outcomes into lines and an exit code, processes tied to their parent, and gloo's network interface."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,10 +20,135 @@ import pytest
 import torch.distributed as dist
 from conftest import ON_THIS_MACHINE, PROJECT, is_gone
 
-from {{ cookiecutter.package_name }} import launcher
+from {{ cookiecutter.package_name }} import launcher, lock
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.distributed import distributed, gloo_follows_nccl_interface
 from {{ cookiecutter.package_name }}.launch_status import CRASH, FINISHED, PREEMPTED, USER_ERROR, Outcome
+from {{ cookiecutter.package_name }}.lock import Holder, OutputDirBusy, OutputDirLock
+
+
+@pytest.fixture
+def quick_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock's timings, 25 times faster."""
+    monkeypatch.setattr(lock, "HEARTBEAT_S", 0.2)
+    monkeypatch.setattr(lock, "STALE_S", 1.2)
+    monkeypatch.setattr(lock, "POLL_S", 0.02)
+
+
+def place_lock(output_dir: Path, age_s: float = 0.0, **fields: object) -> Path:
+    """A lock file as another run would leave it; by default a holder on another machine."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    elsewhere = Holder(host="node7", machine="elsewhere", pid=4242, since="then", token="theirs")
+    holder = {**asdict(elsewhere), **fields}
+    path = output_dir / lock.LOCK_NAME
+    path.write_text(json.dumps(holder))
+    moment = time.time() - age_s
+    os.utime(path, (moment, moment))
+    return path
+
+
+def test_a_live_run_on_this_machine_is_refused_at_once(tmp_path: Path) -> None:
+    mine = OutputDirLock(tmp_path)
+    mine.acquire()
+    try:
+        started = time.monotonic()
+        with pytest.raises(OutputDirBusy) as refused:
+            OutputDirLock(tmp_path).acquire()
+        assert time.monotonic() - started < 1
+        holder = f"(host {socket.gethostname()}, pid {os.getpid()}, since "
+        assert str(refused.value).startswith(f"output_dir={tmp_path} is in use by another run {holder}")
+    finally:
+        mine.release()
+    assert not (tmp_path / lock.LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("reaped", [True, False])  # a zombie: killed, its parent has not waited for it
+def test_the_lock_of_a_dead_process_on_this_machine_is_taken_at_once(tmp_path: Path, reaped: bool) -> None:
+    dead = subprocess.Popen(["sleep", "30"])
+    started = lock.process_start(dead.pid)
+    dead.kill()
+    while not is_gone(dead.pid):
+        time.sleep(0.01)
+    if reaped:
+        dead.wait()
+    here = {"host": socket.gethostname(), "machine": lock.this_machine()}
+    place_lock(tmp_path, **here, pid=dead.pid, started=started)
+    taker = OutputDirLock(tmp_path)
+    taker.acquire()  # immediately: no heartbeat to wait for
+    assert json.loads((tmp_path / lock.LOCK_NAME).read_text())["token"] == taker.me.token
+    taker.release()
+    dead.wait()
+
+
+@contextmanager
+def beating(path: Path) -> Iterator[None]:
+    """The heartbeat of a live holder on another machine."""
+    stopped = threading.Event()
+
+    def heartbeat() -> None:
+        while not stopped.wait(0.1):
+            os.utime(path)
+
+    thread = threading.Thread(target=heartbeat)
+    thread.start()
+    try:
+        yield
+    finally:
+        stopped.set()
+        thread.join()
+
+
+def test_a_holder_elsewhere_with_a_heartbeat_is_refused(tmp_path: Path, quick_heartbeat: None) -> None:
+    with beating(place_lock(tmp_path)):
+        with pytest.raises(OutputDirBusy, match=r"another run \(host node7, pid 4242, since then\)"):
+            OutputDirLock(tmp_path).acquire()
+        with pytest.raises(OutputDirBusy):
+            lock.refuse_if_in_use(tmp_path)  # the pre-check
+
+
+@pytest.mark.parametrize("age_s", [3600.0, 0.0])  # the clock says abandoned, or cannot tell
+def test_a_holder_elsewhere_without_a_heartbeat_is_taken_over(tmp_path, quick_heartbeat, age_s) -> None:
+    place_lock(tmp_path, age_s=age_s)
+    taker = OutputDirLock(tmp_path)
+    taker.acquire()
+    assert json.loads((tmp_path / lock.LOCK_NAME).read_text())["token"] == taker.me.token
+    assert not list(tmp_path.glob(".lock.*"))  # the abandoned one was removed
+    taker.release()
+
+
+def test_the_same_job_takes_its_lock_back(tmp_path, quick_heartbeat, monkeypatch) -> None:
+    """An elastic restart, or a node of a multi-node job coming back: the same torchrun run id."""
+    with beating(place_lock(tmp_path, run_id="job-17")):
+        with pytest.raises(OutputDirBusy):
+            OutputDirLock(tmp_path, run_id="job-18").acquire()
+        monkeypatch.setenv(lock.LAUNCH_RUN_ID_ENV, "job-17")
+        lock.refuse_if_in_use(tmp_path)  # the pre-check of a node that joins the job lets it pass
+        OutputDirLock(tmp_path, run_id="job-17").acquire()
+
+
+def test_the_pre_check_refuses_a_busy_output_dir(demo, tmp_path: Path, capsys) -> None:
+    from {{ cookiecutter.package_name }}.__main__ import main
+
+    mine = OutputDirLock(tmp_path)
+    mine.acquire()
+    try:
+        assert main([*ON_THIS_MACHINE, *demo[1], f"output_dir={tmp_path}", "--check"]) == 1
+    finally:
+        mine.release()
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: output_dir={tmp_path} is in use by another run (host ")
+
+
+def test_the_heartbeat_moves_the_lock_files_mtime(tmp_path: Path, quick_heartbeat: None) -> None:
+    mine = OutputDirLock(tmp_path)
+    mine.acquire()
+    path = tmp_path / lock.LOCK_NAME
+    os.utime(path, (0, 0))
+    deadline = time.monotonic() + 30
+    while path.stat().st_mtime == 0:
+        assert time.monotonic() < deadline, "no heartbeat"
+        time.sleep(0.02)
+    mine.release()
 
 
 def outcome(kind: str, rank: int, message: str = "", attempt: int = 0, at: float = 0.0) -> Outcome:

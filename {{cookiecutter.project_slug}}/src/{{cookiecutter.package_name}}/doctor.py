@@ -22,6 +22,7 @@ import torch.multiprocessing as mp
 
 from .config import Backend, Config, ConfigError, Device, load_config
 from .constants import GPUS_PER_NODE, MODEL_TYPE
+from .lock import OutputDirBusy, refuse_if_in_use
 from .pretrained import PretrainedError, resolve_if_used
 from .tasks import load_checks
 
@@ -29,8 +30,8 @@ USAGE = """usage: python -m {package}.doctor [key=value ...]
 
 Checks this machine with the configuration training would use (defaults.yaml plus the same key=value
 overrides): versions, GPUs against processes per node, the backend with a 2-process all_reduce,
-MASTER_PORT, output_dir, the data files and the pretrained model. One line per check; exit 0 when none
-failed, else 1."""
+MASTER_PORT, output_dir (writable, not in use), the data files and the pretrained model. One line per
+check; exit 0 when none failed, else 1."""
 
 SMOKE_TIMEOUT_S = 60.0  # process start-up (importing torch) plus rendezvous; slower than this is a hang
 OK, FAIL, SKIP = "ok", "FAIL", "skip"
@@ -179,6 +180,14 @@ def output_dir_writable(config: Config) -> Line:
     return OK, f"output_dir={directory} is writable"
 
 
+def output_dir_free(config: Config) -> Line:
+    try:
+        refuse_if_in_use(Path(config.output_dir))
+    except OutputDirBusy as busy:
+        return config_problem(busy)
+    return OK, f"output_dir={config.output_dir} is not in use by another run"
+
+
 def pretrained_model(config: Config) -> Line:
     try:
         where = resolve_if_used(config.model.pretrained, MODEL_TYPE)
@@ -227,6 +236,7 @@ def checks(config: Config) -> Iterator[Line]:
         yield smoke_test(config)
     yield master_port()
     yield output_dir_writable(config)
+    yield output_dir_free(config)
     yield from data_files(config)
     yield pretrained_model(config)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .config import Config, ConfigError, Device, TrackerConfig, TrackerName
 from .constants import MODEL_TYPE
+from .lock import refuse_if_in_use
 from .pretrained import resolve_if_used
 from .tasks import load_checks
 
@@ -73,13 +74,15 @@ def check_tracker(config: TrackerConfig) -> None:
 def check(config: Config, before_launch: bool = True) -> None:
     """Raise ``ConfigError`` naming the first thing that keeps this run from starting.
 
-    ``before_launch``: also ask the hub about a model that is not cached; a worker that launch.sh
-    started leaves that to the pre-check.
+    ``before_launch``: also ask the hub about a model that is not cached, and refuse an output_dir that
+    another run holds; a worker that launch.sh started leaves both to the pre-check, and the lock to rank 0.
     """
     load_checks().check_config(config)
     check_tracker(config.tracker)
     require_writable_output_dir(config.output_dir)
     resolve_if_used(config.model.pretrained, MODEL_TYPE, use_network=before_launch)
+    if before_launch:
+        refuse_if_in_use(Path(config.output_dir))
     if config.distributed.device is Device.cuda:  # e.g. CUDA asked for on a CPU machine
         from .distributed import resolve_device  # torch: only a GPU run pays for its import here
 

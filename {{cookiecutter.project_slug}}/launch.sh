@@ -54,6 +54,46 @@ NODE_RANK="${NODE_RANK:-${PET_NODE_RANK:-}}"
 MASTER_ADDR="${MASTER_ADDR:-${PET_MASTER_ADDR:-}}"
 MASTER_PORT="${MASTER_PORT:-${PET_MASTER_PORT:-}}"
 
+# One launch variable for --help: its value now (or its default, when unset) and its meaning.
+describe() {
+    local value="${!1:-}"
+    printf '  %-15s %-32s %s\n' "$1" "${value:-$2}" "$3"
+}
+
+usage() {
+    local processes="unset: 1 (a CPU project)"
+    if ((RENDERED_GPUS_PER_NODE > 0)); then
+        processes="unset: one per GPU, else $RENDERED_GPUS_PER_NODE"
+    fi
+    cat <<EOF
+usage: ./launch.sh [key=value ...]
+
+Trains under torchrun with this project's defaults (src/{{ cookiecutter.package_name }}/defaults.yaml); every argument
+overrides one of them, e.g. train.lr=1e-4 output_dir=outputs/run2. Check a machine first with
+python -m {{ cookiecutter.package_name }}.doctor [key=value ...].
+
+Launch variables, as set now:
+$(describe NPROC_PER_NODE "$processes" "processes on this node")
+$(describe NNODES "unset: $RENDERED_NUM_NODES" "nodes; 1 runs standalone on a free port")
+$(describe NODE_RANK "unset" "this node's index in a multi-node job, 0 on MASTER_ADDR")
+$(describe MASTER_ADDR "unset" "rendezvous host of a multi-node job (its first node)")
+$(describe MASTER_PORT "unset: 29500" "rendezvous port of a multi-node job")
+$(describe RUN_ID "unset: from MASTER_ADDR and PORT" "rendezvous id, the same on every node of a job")
+$(describe MAX_RESTARTS "unset: 0" "times torchrun restarts the group after a worker fails")
+PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT stand in for the first five.
+
+Exit codes: 0 finished; 75 stopped after a checkpoint by SIGTERM, SIGUSR1 or Ctrl-C (run the same
+command to resume; a second Ctrl-C stops at once, without one: 130); 1 an error.
+EOF
+}
+
+for arg in "$@"; do
+    if [[ "$arg" == "-h" || "$arg" == "--help" ]]; then
+        usage
+        exit 0
+    fi
+done
+
 gpus="$(visible_gpus)"
 if ((RENDERED_GPUS_PER_NODE == 0)); then
     nproc="${NPROC_PER_NODE:-1}"

@@ -149,6 +149,19 @@ def test_torchrun_leaves_the_preemption_signals_to_the_workers(fake_bin: Path) -
     assert all(ignored & (1 << (number - 1)) for number in PREEMPTION_SIGNALS)
 
 
+def test_help_lists_the_launch_variables_with_their_values_and_starts_nothing(fake_bin: Path) -> None:
+    result = launch(fake_bin, "--help", NPROC_PER_NODE="3", MASTER_ADDR="node0", MAX_RESTARTS="")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.count("usage: ./launch.sh") == 1
+    rows = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.startswith("  "))
+    names = ["NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RUN_ID", "MAX_RESTARTS"]
+    assert set(names) <= rows.keys()
+    assert rows["NPROC_PER_NODE"].startswith("3 ") and rows["MASTER_ADDR"].startswith("node0 ")
+    assert rows["NNODES"].startswith("1 ") and rows["MAX_RESTARTS"].startswith("unset: 0 ")
+    assert "75" in result.stdout  # the exit codes
+    assert not (fake_bin / "calls").exists()  # no Python at all: no torch import, no second usage
+
+
 @pytest.mark.parametrize(("launcher_exit", "expected"), [(0, 0), (75, 75), (1, 1), (137, 1)])
 def test_exit_code_is_the_launchers_or_1(fake_bin: Path, launcher_exit: int, expected: int) -> None:
     result = launch(fake_bin, NPROC_PER_NODE="1", LAUNCHER_EXIT=str(launcher_exit))

@@ -22,9 +22,22 @@ from conftest import ON_THIS_MACHINE, PROJECT, is_gone
 
 from {{ cookiecutter.package_name }} import launcher, lock
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.distributed import distributed, gloo_follows_nccl_interface
-from {{ cookiecutter.package_name }}.launch_status import CRASH, FINISHED, PREEMPTED, USER_ERROR, Outcome
-from {{ cookiecutter.package_name }}.lock import Holder, OutputDirBusy, OutputDirLock
+from {{ cookiecutter.package_name }}.distributed import (
+    distributed,
+    gloo_follows_nccl_interface,
+)
+from {{ cookiecutter.package_name }}.launch_status import (
+    CRASH,
+    FINISHED,
+    PREEMPTED,
+    USER_ERROR,
+    Outcome,
+)
+from {{ cookiecutter.package_name }}.lock import (
+    Holder,
+    OutputDirBusy,
+    OutputDirLock,
+)
 
 
 @pytest.fixture

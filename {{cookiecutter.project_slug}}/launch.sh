@@ -15,10 +15,14 @@
 #   RUN_ID          rendezvous id shared by the nodes of one job (default: derived from MASTER_ADDR:PORT)
 # torchrun's own PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT stand in
 # for the variables above where those are unset: the Kubeflow training operator sets them in each pod.
+#
+# Exit codes: 0 finished; 75 stopped for preemption after a checkpoint (SIGTERM, SIGUSR1 or Ctrl-C, to this
+# script or to every process of the job; on every node); 1 an error, in one short message.
 set -euo pipefail
 
 readonly RENDERED_GPUS_PER_NODE={{ cookiecutter.gpus_per_node | int }}
 readonly RENDERED_NUM_NODES={{ cookiecutter.num_nodes | int }}
+readonly PREEMPTED_EXIT_CODE=75
 
 die() {
     echo "launch.sh: error: $*" >&2
@@ -50,6 +54,46 @@ NODE_RANK="${NODE_RANK:-${PET_NODE_RANK:-}}"
 MASTER_ADDR="${MASTER_ADDR:-${PET_MASTER_ADDR:-}}"
 MASTER_PORT="${MASTER_PORT:-${PET_MASTER_PORT:-}}"
 
+# One launch variable for --help: its value now (or its default, when unset) and its meaning.
+describe() {
+    local value="${!1:-}"
+    printf '  %-15s %-32s %s\n' "$1" "${value:-$2}" "$3"
+}
+
+usage() {
+    local processes="unset: 1 (a CPU project)"
+    if ((RENDERED_GPUS_PER_NODE > 0)); then
+        processes="unset: one per GPU, else $RENDERED_GPUS_PER_NODE"
+    fi
+    cat <<EOF
+usage: ./launch.sh [key=value ...]
+
+Trains under torchrun with this project's defaults (src/{{ cookiecutter.package_name }}/defaults.yaml); every argument
+overrides one of them, e.g. train.lr=1e-4 output_dir=outputs/run2. Check a machine first with
+python -m {{ cookiecutter.package_name }}.doctor [key=value ...].
+
+Launch variables, as set now:
+$(describe NPROC_PER_NODE "$processes" "processes on this node")
+$(describe NNODES "unset: $RENDERED_NUM_NODES" "nodes; 1 runs standalone on a free port")
+$(describe NODE_RANK "unset" "this node's index in a multi-node job, 0 on MASTER_ADDR")
+$(describe MASTER_ADDR "unset" "rendezvous host of a multi-node job (its first node)")
+$(describe MASTER_PORT "unset: 29500" "rendezvous port of a multi-node job")
+$(describe RUN_ID "unset: from MASTER_ADDR and PORT" "rendezvous id, the same on every node of a job")
+$(describe MAX_RESTARTS "unset: 0" "times torchrun restarts the group after a worker fails")
+PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT stand in for the first five.
+
+Exit codes: 0 finished; 75 stopped after a checkpoint by SIGTERM, SIGUSR1 or Ctrl-C (run the same
+command to resume; a second Ctrl-C stops at once, without one: 130); 1 an error.
+EOF
+}
+
+for arg in "$@"; do
+    if [[ "$arg" == "-h" || "$arg" == "--help" ]]; then
+        usage
+        exit 0
+    fi
+done
+
 gpus="$(visible_gpus)"
 if ((RENDERED_GPUS_PER_NODE == 0)); then
     nproc="${NPROC_PER_NODE:-1}"
@@ -72,17 +116,19 @@ max_restarts="${MAX_RESTARTS:-0}"
 [[ "$max_restarts" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS='$max_restarts' is not a whole number >= 0"
 
 args=(--nproc-per-node="$nproc" --max-restarts="$max_restarts")
+run_id="" # a single node's: torchrun draws one
 if ((nnodes == 1)); then
     # A local rendezvous on a free port: two jobs on one machine never collide.
     args+=(--standalone)
 else
     [[ -n "${MASTER_ADDR:-}" ]] || die "NNODES=$nnodes needs MASTER_ADDR, the host every node can reach (e.g. the first node)"
     port="${MASTER_PORT:-29500}"
+    run_id="${RUN_ID:-{{ cookiecutter.project_slug }}-$MASTER_ADDR-$port}"
     args+=(
         --nnodes="$nnodes"
         --rdzv-backend=c10d
         --rdzv-endpoint="$MASTER_ADDR:$port"
-        --rdzv-id="${RUN_ID:-{{ cookiecutter.project_slug }}-$MASTER_ADDR-$port}"
+        --rdzv-id="$run_id"
     )
     if [[ -n "$NODE_RANK" ]]; then
         if [[ ! "$NODE_RANK" =~ ^[0-9]+$ ]] || ((10#$NODE_RANK >= nnodes)); then
@@ -117,40 +163,50 @@ if [[ -z "${MALLOC_MMAP_THRESHOLD_:-}${MALLOC_TRIM_THRESHOLD_:-}${GLIBC_TUNABLES
     export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864
 fi
 
-# Refuse a bad override or a missing data path here, in one process and one line, before any
-# process group is formed.
-python -m {{ cookiecutter.package_name }} --check "$@"
+# Refuse a bad override, a missing path or model, or an output_dir that another run holds here, in one
+# process and one line, before any process group is formed. The run id lets a node that joins its own job
+# (a restarted pod) past the lock of that job.
+LAUNCH_RUN_ID="$run_id" python -m {{ cookiecutter.package_name }} --check "$@"
 
-# Preemption: SIGTERM (a cancelled job, an eviction) and SIGUSR1 (SLURM's warning before the time limit)
-# go to the training processes, which finish their step, agree, save one checkpoint and exit. This script
-# then exits with PREEMPTED_EXIT_CODE, so a scheduler can requeue; the same command resumes.
-readonly PREEMPTED_EXIT_CODE=75
-preempted=""
-# torchrun does not handle SIGUSR1 and would die of it, and SLURM signals every process of a job step:
-# torchrun inherits "ignore" instead. The workers install their own handler.
-trap '' USR1
-torchrun "${args[@]}" -m {{ cookiecutter.package_name }} "$@" &
-torchrun_pid=$!
+# How this node's workers end, and this script's stop request, pass through files here (launch_status.py).
+status_dir="$(mktemp -d "${TMPDIR:-/tmp}/{{ cookiecutter.project_slug }}-launch.XXXXXX")"
+trap 'rm -rf "$status_dir"' EXIT
 
+# Preemption: SIGTERM (a cancelled job, an eviction), SIGUSR1 (SLURM's warning before the time limit) and
+# SIGINT (Ctrl-C), to this script alone or to every process of the job. This script asks the workers to
+# stop (a file they read at every step, as they read their own signal flag); they agree on a step, save one
+# checkpoint and exit; the launcher reports the stop and exits 75 on every node, so a scheduler can
+# requeue, and the same command resumes. A second Ctrl-C stops at once, without a checkpoint.
+stop_signal=""
 # shellcheck disable=SC2329 # invoked by the traps below
-forward() {
-    preempted="$1"
-    local workers
-    workers="$(cat "/proc/$torchrun_pid/task/$torchrun_pid/children" 2>/dev/null || pgrep -P "$torchrun_pid" || true)"
-    for pid in $workers; do
-        kill "-$1" "$pid" 2>/dev/null || true
-    done
+request_stop() {
+    if [[ "$1" == INT && -n "$stop_signal" ]]; then
+        kill -KILL "$launcher_pid" 2>/dev/null || true # the workers die with it (lifeline.py)
+        echo "launch.sh: stopped at once by a second SIGINT, without a checkpoint;" \
+            "the same command resumes from the newest one" >&2
+        exit 130
+    fi
+    stop_signal="$1"
+    echo "SIG$1" >"$status_dir/.stop" && mv -f "$status_dir/.stop" "$status_dir/stop"
 }
-trap 'forward TERM' TERM
-trap 'forward USR1' USR1
+
+# torchrun runs in the launcher, which keeps torchrun's report in a log file, shows the project's lines and
+# leaves the preemption signals to the workers (launcher.py): it starts with them ignored, then blocks them.
+trap '' TERM INT USR1
+LAUNCH_STATUS_DIR="$status_dir" python -m {{ cookiecutter.package_name }}.launcher "${args[@]}" -m {{ cookiecutter.package_name }} "$@" &
+launcher_pid=$!
+trap 'request_stop TERM' TERM
+trap 'request_stop INT' INT
+trap 'request_stop USR1' USR1
 
 status=0
 while :; do
-    wait "$torchrun_pid" && status=0 || status=$?
-    kill -0 "$torchrun_pid" 2>/dev/null || break # a trapped signal interrupted the wait; keep waiting
+    wait "$launcher_pid" && status=0 || status=$?
+    kill -0 "$launcher_pid" 2>/dev/null || break # a trapped signal interrupted the wait; keep waiting
 done
-if [[ -n "$preempted" && "$status" == 0 ]]; then
-    echo "launch.sh: stopped by SIG$preempted after a checkpoint; run the same command to resume" >&2
-    exit "$PREEMPTED_EXIT_CODE"
+if [[ "$status" == 0 || "$status" == 1 || "$status" == "$PREEMPTED_EXIT_CODE" ]]; then
+    exit "$status"
 fi
-exit "$status"
+echo "launch.sh: error: torchrun (pid $launcher_pid) ended with status $status, its workers with it;" \
+    "the same command resumes from the newest checkpoint" >&2
+exit 1

@@ -6,9 +6,11 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -102,6 +104,34 @@ def workers_of(launch: subprocess.Popen) -> list[int]:
     return [worker for torchrun in children(launch.pid) for worker in children(torchrun)]
 
 
+def is_gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie that only waits to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def launcher_of(launch: subprocess.Popen) -> int:
+    """launch.sh's child that runs torchrun (launch.sh has others for a moment, when it handles a signal)."""
+    for pid in children(launch.pid):
+        with contextlib.suppress(OSError):
+            if b".launcher" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    raise AssertionError("launch.sh runs no launcher")
+
+
+def wait_for_stop_request(launch: subprocess.Popen, timeout: float = 60) -> None:
+    """Until launch.sh has asked its workers to stop (launch_status.py), which it does when signalled."""
+    variables = Path(f"/proc/{launcher_of(launch)}/environ").read_text().split("\0")
+    environ = dict(item.split("=", 1) for item in variables if "=" in item)
+    stop_file = Path(environ["LAUNCH_STATUS_DIR"]) / "stop"
+    deadline = time.monotonic() + timeout
+    while not stop_file.exists():
+        assert time.monotonic() < deadline, "launch.sh did not pass the signal on"
+        time.sleep(0.01)
+
+
 def wait_for_checkpoint(output_dir: Path, launch: subprocess.Popen, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not list((output_dir / "checkpoints").glob("step-*.pt")):
@@ -169,6 +199,62 @@ def trained(demo: tuple[Path, list[str]], tmp_path_factory: pytest.TempPathFacto
 
 # Runs that fault tests interrupt: long enough to be stopped mid-way, fp32 so results compare bitwise.
 FAULT_RUN = ["train.precision=fp32", "train.epochs=2", "checkpoint.every_steps=4"]
+# Rank 0 logs warnings only: the terminal then holds what a failure or a stop adds, and nothing else.
+QUIET = ["log_level=warning"]
+
+
+@pytest.fixture
+def reap() -> Iterator[list[int]]:
+    """The pids a test lists are killed when it ends, with their process groups: a failed test leaves no
+    job running (paused workers, or workers that outlived their torchrun)."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    signal_all(pids, signal.SIGKILL)
+
+
+def interrupted_run(demo, output_dir: Path, *extra: str, **env: str) -> tuple[subprocess.Popen, list[int]]:
+    """A fault run, its workers paused (SIGSTOP) at its first checkpoint: it cannot end before the fault."""
+    launch = start_launch([*demo[1], *FAULT_RUN, *extra, f"output_dir={output_dir}"], **env)
+    wait_for_checkpoint(output_dir, launch)
+    workers = workers_of(launch)
+    signal_all(workers, signal.SIGSTOP)
+    return launch, workers
+
+
+# Makes one process fail in Trainer.__init__ as a user error, a bug or a full disk would: the worker of
+# global rank INJECT_RANK, or with INJECT_RANK=alone a process run without torchrun.
+INJECTED_FAILURE = """
+import errno, os
+if os.environ.get("RANK", "alone") == os.environ.get("INJECT_RANK"):
+    from {{ cookiecutter.package_name }} import data, trainer
+
+    FAILURES = {
+        "data": lambda: data.DataError("injected.jsonl:3: missing field 'label'"),
+        "bug": lambda: RuntimeError("an injected bug"),
+        "disk": lambda: OSError(errno.ENOSPC, "No space left on device", "/injected/step-00000001.pt"),
+    }
+
+    def fail(self, *args, **kwargs):
+        raise FAILURES[os.environ["INJECT_FAILURE"]]()
+
+    trainer.Trainer.__init__ = fail
+"""
+
+
+@pytest.fixture
+def failing(tmp_path_factory: pytest.TempPathFactory):
+    """``failing(rank, kind)``: the environment in which that process fails that way (INJECTED_FAILURE)."""
+    folder = tmp_path_factory.mktemp("inject")
+    (folder / "sitecustomize.py").write_text(INJECTED_FAILURE)
+
+    def environment(rank: str, kind: str) -> dict[str, str]:
+        path = f"{folder}{os.pathsep}{PROJECT / 'src'}"
+        return {"PYTHONPATH": path, "INJECT_RANK": rank, "INJECT_FAILURE": kind}
+
+    return environment
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,10 @@ from {{ cookiecutter.package_name }}.config import (
     Device,
     Precision,
     load_config,
+)
+from {{ cookiecutter.package_name }}.constants import MODEL_TYPE
+from {{ cookiecutter.package_name }}.preflight import (
+    require_writable_output_dir,
 )
 
 CONTRACT_KEYS = [
@@ -123,3 +130,96 @@ def test_the_pre_check_imports_no_torch(demo: tuple[Path, list[str]], tmp_path: 
     )
     on_gpu = load_config([*ON_THIS_MACHINE, *demo[1]]).distributed.device is Device.cuda
     assert done.stdout.strip() == ("0 ['torch']" if on_gpu else "0 []"), done.stdout + done.stderr
+
+
+def check_in_a_process(overrides: list[str], cwd: Path | None = None, **env: str):
+    """What launch.sh runs before torchrun starts: ``python -m <package> --check``."""
+    command = [sys.executable, "-m", PACKAGE, "--check", *ON_THIS_MACHINE, *overrides]
+    environment = launch_env(1, **env)
+    return subprocess.run(command, env=environment, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def refusal(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1, result.stdout + result.stderr
+    [line] = result.stderr.splitlines()  # one line: no traceback
+    return line
+
+
+# Where data files are JSON Lines, a folder is not one (image classification reads folders).
+REFUSALS = ["a YAML typo", "output_dir is a file", "output_dir is below a file", "a mistyped local model"]
+if MODEL_TYPE in ("text-classification", "causal-lm"):
+    REFUSALS.append("data.train_file is a folder")
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_the_pre_check_refuses_in_one_line(demo, tmp_path: Path, case: str) -> None:
+    directory, overrides = demo
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a folder")
+    mistyped_model = "has no model.safetensors" if MODEL_TYPE == "custom" else "does not exist ("
+    override, message = {
+        "a YAML typo": ("train.lr=[1,", "error: train.lr: '[1,' is not a YAML value ("),
+        "output_dir is a file": (f"output_dir={a_file}", "is a file; give a folder"),
+        "output_dir is below a file": (f"output_dir={a_file / 'run'}", "is below "),
+        "a mistyped local model": (f"model.pretrained={directory.name}/modle", mistyped_model),
+        "data.train_file is a folder": (f"data.train_file={directory}", "is a folder; give the data file"),
+    }[case]
+    started = time.monotonic()
+    output_dir = f"output_dir={tmp_path / 'out'}"
+    result = check_in_a_process([*overrides, output_dir, override], cwd=directory.parent)
+    assert message in refusal(result)
+    assert time.monotonic() - started < 30  # no hub retries
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_unwritable_output_dir_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a read-only file system answers
+    with pytest.raises(ConfigError, match=r"output_dir='.*' is not writable \(.*\); choose another"):
+        require_writable_output_dir(str(tmp_path / "run"))
+
+
+def resolve_in_a_process(name: str, **env: str) -> subprocess.CompletedProcess:
+    """``pretrained.resolve`` as the pre-check runs it, in a process of its own: huggingface_hub reads its
+    settings (HF_HUB_OFFLINE, HF_HUB_CACHE, HF_ENDPOINT) when it is imported. Every model type carries
+    pretrained.py; a project of the custom type needs huggingface_hub installed for these tests."""
+    pytest.importorskip("huggingface_hub")
+    code = (
+        f"import sys\nfrom {PACKAGE}.pretrained import PretrainedError, resolve\n"
+        f"try:\n    print(resolve({name!r}))\n"
+        "except PretrainedError as error:\n    sys.exit('error: ' + str(error))\n"
+    )
+    command = [sys.executable, "-c", code]
+    return subprocess.run(command, env=launch_env(1, **env), capture_output=True, text=True, timeout=120)
+
+
+def test_an_uncached_hub_model_offline_is_one_line_with_the_fix(tmp_path: Path) -> None:
+    cache = tmp_path / "hub"
+    started = time.monotonic()
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+    line = refusal(resolve_in_a_process("someone/not-downloaded", **offline))
+    assert time.monotonic() - started < 30
+    assert line.startswith("error: model.pretrained='someone/not-downloaded' is not a local folder, nor in")
+    assert "HF_HUB_OFFLINE" in line and str(cache) in line and "hf download someone/not-downloaded" in line
+
+
+def test_an_unreachable_hub_is_one_line_within_seconds(tmp_path: Path) -> None:
+    with socket.socket() as closed:  # a port nothing listens on: the hub's address, unreachable
+        closed.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    started = time.monotonic()
+    hub = {"HF_ENDPOINT": endpoint, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "0"}
+    line = refusal(resolve_in_a_process("someone/not-downloaded", **hub))
+    assert time.monotonic() - started < 30
+    assert f"and {endpoint} did not answer" in line and "HF_HUB_OFFLINE=1" in line
+
+
+def test_a_cached_hub_model_passes_offline(tmp_path: Path) -> None:
+    snapshot = tmp_path / "hub" / "models--someone--downloaded" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    offline = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub")}
+    result = resolve_in_a_process("someone/downloaded", **offline)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("someone/downloaded in the Hugging Face cache")

@@ -25,10 +25,13 @@ from {{ cookiecutter.package_name }}.doctor import (
     data_files,
     gpus_for_processes,
     master_port,
+    output_dir_free,
     output_dir_writable,
+    pretrained_model,
     processes_per_node,
     smoke_test,
 )
+from {{ cookiecutter.package_name }}.lock import OutputDirLock
 
 # What a launcher or a cluster may have set in this shell; each test sets what it needs.
 LAUNCH_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT", "PET_NPROC_PER_NODE")
@@ -213,3 +216,34 @@ def test_output_dir_check_leaves_only_the_directory(tmp_path: Path) -> None:
     config = load_config([*ON_THIS_MACHINE, f"output_dir={output_dir}"])
     assert output_dir_writable(config) == ("ok", f"output_dir={output_dir} is writable")
     assert list(tmp_path.iterdir()) == [output_dir] and not list(output_dir.iterdir())
+
+
+def test_a_busy_output_dir_fails(tmp_path: Path) -> None:
+    config = load_config([*ON_THIS_MACHINE, f"output_dir={tmp_path}"])
+    assert output_dir_free(config) == ("ok", f"output_dir={tmp_path} is not in use by another run")
+    mine = OutputDirLock(tmp_path)
+    mine.acquire()
+    try:
+        status, text = output_dir_free(config)
+    finally:
+        mine.release()
+    assert status == "FAIL" and f"output_dir={tmp_path} is in use by another run (host " in text
+    assert text.endswith("; fix: wait for it to end, or choose another output_dir")
+
+
+def test_the_pretrained_model_is_resolved(demo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = load_config([*ON_THIS_MACHINE, *demo[1], f"output_dir={tmp_path}"])
+    status, text = pretrained_model(config)
+    if MODEL_TYPE == "custom":  # no hub checkpoint to resolve
+        assert status == "skip"
+        return
+    import huggingface_hub.constants
+
+    assert status == "ok" and text.endswith(f"a local folder ({Path(config.model.pretrained).resolve()})")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    offline = load_config([*ON_THIS_MACHINE, *demo[1], "model.pretrained=someone/not-downloaded"])
+    status, text = pretrained_model(offline)
+    assert status == "FAIL" and "HF_HUB_OFFLINE is set" in text and str(tmp_path / "hub") in text
+    assert "; fix: give the path of a local copy" in text

@@ -83,10 +83,11 @@ def test_launch_sh_in_a_pod_meets_the_others_on_the_master(tmp_path: Path, node:
     pod_env = {item["name"]: item["value"] for item in CONTAINER["env"]}
     if RENDERED_GPUS:  # what the device plugin exposes
         pod_env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(RENDERED_GPUS)))
-    (tmp_path / "torchrun").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-    (tmp_path / "python").write_text("#!/usr/bin/env bash\n")  # the config pre-check passes
-    for fake in ("torchrun", "python"):
-        (tmp_path / fake).chmod(0o755)
+    # The config pre-check passes; the launcher prints torchrun's arguments.
+    (tmp_path / "python").write_text(
+        '#!/usr/bin/env bash\nif [[ "$2" == *.launcher ]]; then shift 2; printf "%s\\n" "$@"; fi\n'
+    )
+    (tmp_path / "python").chmod(0o755)
     ours = ("NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RUN_ID")
     env = {k: v for k, v in os.environ.items() if k not in ours and not k.startswith(("PET_", "CUDA_"))}
     env.update(operator_env, **pod_env, PATH=f"{tmp_path}{os.pathsep}{env['PATH']}")

@@ -1,4 +1,5 @@
-"""launch.sh builds the right torchrun command line; fake ``python`` and ``torchrun`` record what it runs."""
+"""launch.sh builds the right torchrun command line; a fake ``python`` records what it runs: the config
+pre-check (``-m <package> --check``) and torchrun, which runs in the launcher (``-m <package>.launcher``)."""
 
 from __future__ import annotations
 
@@ -27,25 +28,29 @@ OPERATOR_ENV = {
     "PET_NNODES": "4",
     "PET_NODE_RANK": "2",
 }
-SIGUSR1_BIT = 1 << (signal.SIGUSR1 - 1)  # in /proc/<pid>/status's SigIgn mask
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# Every call is logged; the launcher prints torchrun's arguments, the signals it ignores (/proc's SigIgn
+# mask), the malloc and thread settings, then exits with LAUNCHER_EXIT; the pre-check fails on FAIL_CHECK.
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+echo "$*" >> "$(dirname "$0")/calls"
+if [[ "$2" == *.launcher ]]; then
+    shift 2
+    printf "%s\n" "$@"
+    grep "^SigIgn:" /proc/$$/status
+    echo "MALLOC=${MALLOC_MMAP_THRESHOLD_:-}/${MALLOC_TRIM_THRESHOLD_:-}"
+    echo "OMP=$OMP_NUM_THREADS"
+    exit "${LAUNCHER_EXIT:-0}"
+fi
+if [[ -n "${FAIL_CHECK:-}" ]]; then echo "error: $FAIL_CHECK" >&2; exit 1; fi
+"""
 
 
 @pytest.fixture
 def fake_bin(tmp_path: Path) -> Path:
-    """``torchrun`` prints its arguments; ``python`` (the config pre-check) succeeds unless told not to."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "torchrun").write_text(
-        '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n'
-        'grep "^SigIgn:" /proc/$$/status\n'  # the signals it ignores
-        'echo "MALLOC=${MALLOC_MMAP_THRESHOLD_:-}/${MALLOC_TRIM_THRESHOLD_:-}"\n'
-        'echo "OMP=$OMP_NUM_THREADS"\n'
-    )
-    (bin_dir / "python").write_text(
-        '#!/usr/bin/env bash\nif [[ -n "${FAIL_CHECK:-}" ]]; then echo "error: $FAIL_CHECK" >&2; exit 1; fi\n'
-    )
-    for tool in bin_dir.iterdir():
-        tool.chmod(0o755)
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
     return bin_dir
 
 
@@ -134,11 +139,35 @@ def test_torchruns_own_pet_variables_stand_in_for_ours(fake_bin: Path) -> None:
     assert "--rdzv-endpoint=m:7" in pet_master.stdout.splitlines()
 
 
-def test_torchrun_ignores_sigusr1(fake_bin: Path) -> None:
-    # SLURM's --signal reaches every process of the job step; torchrun must survive it, the workers act on it.
+def test_torchrun_leaves_the_preemption_signals_to_the_workers(fake_bin: Path) -> None:
+    # scancel, SLURM's --signal and Ctrl-C reach every process of the job, torchrun included: it must not
+    # act on them (it would stop the workers and exit 1); the workers save a checkpoint. It starts with
+    # them ignored and blocks them itself (launcher.py), before torchrun's own handlers are installed.
     result = launch(fake_bin, NPROC_PER_NODE="1")
-    ignored = next(line for line in result.stdout.splitlines() if line.startswith("SigIgn:"))
-    assert int(ignored.split()[1], 16) & SIGUSR1_BIT
+    mask = next(line for line in result.stdout.splitlines() if line.startswith("SigIgn:")).split()[1]
+    ignored = int(mask, 16)
+    assert all(ignored & (1 << (number - 1)) for number in PREEMPTION_SIGNALS)
+
+
+def test_help_lists_the_launch_variables_with_their_values_and_starts_nothing(fake_bin: Path) -> None:
+    result = launch(fake_bin, "--help", NPROC_PER_NODE="3", MASTER_ADDR="node0", MAX_RESTARTS="")
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout.count("usage: ./launch.sh") == 1
+    rows = dict(line.split(None, 1) for line in result.stdout.splitlines() if line.startswith("  "))
+    names = ["NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RUN_ID", "MAX_RESTARTS"]
+    assert set(names) <= rows.keys()
+    assert rows["NPROC_PER_NODE"].startswith("3 ") and rows["MASTER_ADDR"].startswith("node0 ")
+    assert rows["NNODES"].startswith("1 ") and rows["MAX_RESTARTS"].startswith("unset: 0 ")
+    assert "75" in result.stdout  # the exit codes
+    assert not (fake_bin / "calls").exists()  # no Python at all: no torch import, no second usage
+
+
+@pytest.mark.parametrize(("launcher_exit", "expected"), [(0, 0), (75, 75), (1, 1), (137, 1)])
+def test_exit_code_is_the_launchers_or_1(fake_bin: Path, launcher_exit: int, expected: int) -> None:
+    result = launch(fake_bin, NPROC_PER_NODE="1", LAUNCHER_EXIT=str(launcher_exit))
+    assert result.returncode == expected
+    if launcher_exit == 137:  # killed: one line that says what happened and that a rerun resumes
+        assert "ended with status 137" in result.stderr and "resumes" in result.stderr
 
 
 @pytest.mark.parametrize(
@@ -165,6 +194,7 @@ def test_config_is_checked_before_torchrun_starts(fake_bin: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.strip() == "error: bad.key: unknown config key"
     assert result.stdout == ""  # torchrun never ran
+    assert (fake_bin / "calls").read_text().splitlines() == [f"-m {PACKAGE} --check bad.key=1"]
 
 
 def test_omp_threads_are_set_for_the_processes(fake_bin: Path) -> None:

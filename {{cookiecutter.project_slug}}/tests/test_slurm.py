@@ -1,5 +1,5 @@
 """slurm/train.sbatch: the #SBATCH lines carry the answers, and the script, run with SLURM's variables and
-fake ``srun`` / ``scontrol`` (and launch.sh's ``torchrun`` faked as in test_launch_script.py), starts
+fake ``srun`` / ``scontrol`` (and launch.sh's ``python`` faked as in test_launch_script.py), starts
 launch.sh once per node with the right torchrun command line, passes the time-limit SIGUSR1 on to srun,
 and requeues the job after a preemption stop (exit 75) only."""
 
@@ -52,17 +52,16 @@ else
     echo "$*" >> "$FAKE_LOG/scontrol"
 fi
 """
-FAKE_TORCHRUN = '#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n'
-FAKE_PYTHON = "#!/usr/bin/env bash\n"  # the config pre-check passes
+# The config pre-check passes; the launcher prints torchrun's arguments.
+FAKE_PYTHON = '#!/usr/bin/env bash\nif [[ "$2" == *.launcher ]]; then shift 2; printf "%s\\n" "$@"; fi\n'
 
 
 @pytest.fixture
 def slurm(tmp_path: Path) -> Path:
-    """A folder: bin/ holds fake SLURM and torchrun binaries, which record what they did in log/."""
+    """A folder: bin/ holds fake SLURM and python binaries, which record what they did in log/."""
     (tmp_path / "bin").mkdir()
     (tmp_path / "log").mkdir()
-    for name, text in {"srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL, "torchrun": FAKE_TORCHRUN,
-                       "python": FAKE_PYTHON}.items():  # fmt: skip
+    for name, text in {"srun": FAKE_SRUN, "scontrol": FAKE_SCONTROL, "python": FAKE_PYTHON}.items():
         (tmp_path / "bin" / name).write_text(text)
         (tmp_path / "bin" / name).chmod(0o755)
     return tmp_path

@@ -11,15 +11,18 @@ import sys
 
 from .config import ConfigError, load_config
 from .errors import report_error
+from .launch_status import launched_by_torchrun
+from .lifeline import expected_parent, tie_to_parent
 from .preflight import check
 
 USAGE = """usage: python -m {package} [key=value ...]
 
 Trains with the defaults in {package}/defaults.yaml, each key=value overriding one of them,
 e.g. train.lr=1e-4 data.batch_size=8 output_dir=outputs/run2. Run under torchrun (see launch.sh)
-for more than one process.
+for more than one process. Exit codes: 0 finished, 75 stopped after a checkpoint (SIGTERM, SIGUSR1,
+Ctrl-C; the same command resumes), 1 an error.
 
-  --check   validate the configuration and data paths, then exit (0 when the run can start)"""
+  --check   validate the configuration, paths, model and output_dir, then exit (0 when the run can start)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,9 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     if any(arg in ("-h", "--help") for arg in args):
         print(USAGE.format(package=__package__))
         return 0
+    worker = launched_by_torchrun() and "--check" not in args
+    if worker:  # before the slow imports: a torchrun killed meanwhile takes this process with it
+        tie_to_parent(expected_parent())
     try:
         config = load_config([arg for arg in args if arg != "--check"])
-        check(config)
+        check(config, before_launch=not worker)
     except ConfigError as error:
         report_error(f"error: {error}")
         return 1

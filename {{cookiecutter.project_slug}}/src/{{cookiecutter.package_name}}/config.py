@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -290,5 +291,23 @@ def load_config(overrides: list[str], defaults: Path | None = None) -> Config:
     except OmegaConfBaseException as error:
         reason = str(error.msg if hasattr(error, "msg") else error).splitlines()[0]
         raise ConfigError(f"{_dotted(error.full_key, public_key) or path}: {reason}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(_not_yaml(overrides, path, error)) from None
     assert isinstance(config, Config)
     return config
+
+
+def _not_yaml(overrides: list[str], path: Path, error: yaml.YAMLError) -> str:
+    """Which override, or which line of the defaults file, YAML cannot read, and why."""
+    for item in overrides:
+        try:
+            OmegaConf.from_dotlist([item])
+        except yaml.YAMLError as problem:
+            key, value = item.split("=", 1)
+            return (
+                f"{key}: {value!r} is not a YAML value ({getattr(problem, 'problem', problem)}); "
+                f"close the brackets, or quote a string: {key}='\"...\"'"
+            )
+    mark = getattr(error, "problem_mark", None)
+    where = f"{path}:{mark.line + 1}" if mark else str(path)
+    return f"{where}: not valid YAML ({getattr(error, 'problem', error)}); fix that line"

@@ -7,7 +7,8 @@ same code path as ``torchrun``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import socket
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .config import Backend, ConfigError, Device, DistributedConfig
+from .launch_status import launched_by_torchrun
 
 # A gloo group for small control messages (preemption flags) when the main backend is nccl, so they
 # never wait for the GPU stream; None means the default group serves.
@@ -46,10 +48,6 @@ def _env_int(name: str, default: int) -> int:
         raise ConfigError(f"environment variable {name}={raw!r} is not an integer") from None
 
 
-def launched_by_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
-
-
 def resolve_device(config: DistributedConfig, local_rank: int) -> torch.device:
     """The device of this process, from LOCAL_RANK: the global rank is wrong on every node but the first."""
     if config.device is Device.cpu:
@@ -77,6 +75,7 @@ def distributed(config: DistributedConfig) -> Iterator[DistEnv]:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if launched_by_torchrun():
+        gloo_follows_nccl_interface(os.environ)
         timeout = timedelta(seconds=config.timeout_s)
         dist.init_process_group(
             backend=config.backend.value,
@@ -91,6 +90,30 @@ def distributed(config: DistributedConfig) -> Iterator[DistEnv]:
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def gloo_follows_nccl_interface(
+    environ: MutableMapping[str, str], interfaces: list[str] | None = None
+) -> None:
+    """Set GLOO_SOCKET_IFNAME from NCCL_SOCKET_IFNAME where only the latter is set.
+
+    Every gloo group (the default one on CPU, the control group beside nccl) binds to the address the host
+    name resolves to: 127.0.1.1 on Debian and Ubuntu, or a management interface the other nodes cannot
+    reach. The interface chosen for NCCL is the one the nodes reach each other on. NCCL takes prefixes
+    ("eth" for eth0, eth1), "=" for exact names and "^" for exclusions; gloo takes exact names only, so
+    gloo gets the first interface of this machine that the NCCL setting selects, and nothing for
+    exclusions.
+    """
+    wanted = environ.get("NCCL_SOCKET_IFNAME", "").strip()
+    if environ.get("GLOO_SOCKET_IFNAME") or not wanted or wanted.startswith("^"):
+        return
+    exact = wanted.startswith("=")
+    names = [name.strip() for name in wanted.lstrip("=").split(",") if name.strip()]
+    present = interfaces if interfaces is not None else [name for _, name in socket.if_nameindex()]
+    for interface in present:
+        if any(interface == name or (not exact and interface.startswith(name)) for name in names):
+            environ["GLOO_SOCKET_IFNAME"] = interface
+            return
 
 
 def _store_for_this_attempt(rank: int, world_size: int, timeout: timedelta) -> dict[str, Any]:

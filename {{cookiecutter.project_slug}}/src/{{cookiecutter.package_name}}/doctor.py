@@ -23,11 +23,14 @@ import torch.multiprocessing as mp
 from .cli import command_parser
 from .config import Backend, Config, ConfigError, Device, load_config
 from .constants import GPUS_PER_NODE, MODEL_TYPE
+from .lock import OutputDirBusy, refuse_if_in_use
 from .model_type.checks import check_config
+from .pretrained import PretrainedError, resolve_if_used
 
 DESCRIPTION = """Checks this machine with the configuration training would use (the defaults plus the same
 key=value overrides): versions, GPUs against processes per node, the backend with a 2-process all_reduce,
-MASTER_PORT, output_dir and the data files. One line per check; exit 0 when none failed, else 1."""
+MASTER_PORT, output_dir (writable, not in use), the data files and the pretrained model. One line per
+check; exit 0 when none failed, else 1."""
 
 SMOKE_TIMEOUT_S = 60.0  # process start-up (importing torch) plus rendezvous; slower than this is a hang
 OK, FAIL, SKIP = "ok", "FAIL", "skip"
@@ -176,6 +179,24 @@ def output_dir_writable(config: Config) -> Line:
     return OK, f"output_dir={directory} is writable"
 
 
+def output_dir_free(config: Config) -> Line:
+    try:
+        refuse_if_in_use(Path(config.output_dir))
+    except OutputDirBusy as busy:
+        return config_problem(busy)
+    return OK, f"output_dir={config.output_dir} is not in use by another run"
+
+
+def pretrained_model(config: Config) -> Line:
+    try:
+        where = resolve_if_used(config.model.pretrained, MODEL_TYPE)
+    except PretrainedError as error:
+        return fail(error.problem, error.fix)
+    if where is None:
+        return SKIP, "model.pretrained: not used by this model type, or empty"
+    return OK, f"model.pretrained={config.model.pretrained}: {where}"
+
+
 def readable(key: str, value: str, config: Config) -> Line:
     if not value:  # check_config refused the empty paths that a run cannot do without
         synthetic = MODEL_TYPE == "custom" and not config.data.train_file
@@ -214,7 +235,9 @@ def checks(config: Config) -> Iterator[Line]:
         yield smoke_test(config)
     yield master_port()
     yield output_dir_writable(config)
+    yield output_dir_free(config)
     yield from data_files(config)
+    yield pretrained_model(config)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,12 @@
 """Preemption: stop at a step boundary that every rank agrees on, after one checkpoint.
 
-SIGTERM (a cancelled job, a Kubernetes eviction) and SIGUSR1 (SLURM's warning before the time limit, see
-``#SBATCH --signal``) only set a flag. After each optimizer step the ranks OR their flags together, so they
-all stop after the same step even though the signal reaches them at different moments; then they save
-one checkpoint and exit. Running the same command again resumes from it. The vote of one step travels
-while the next step computes and is read after it: the stop comes one step later, and no step waits.
+SIGTERM (a cancelled job, a Kubernetes eviction), SIGUSR1 (SLURM's warning before the time limit, see
+``#SBATCH --signal``) and SIGINT (Ctrl-C) only set a flag, as does launch.sh's stop request
+(launch_status.py), which reaches the workers however the signal was delivered. After each optimizer
+step the ranks OR their flags together, so they all stop after the same step even though the signal
+reaches them at different moments; then they save one checkpoint and exit. Running the same command
+again resumes from it. The vote of one step travels while the next step computes and is read after it:
+the stop comes one step later, and no step waits.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from types import FrameType
 import torch
 
 from .distributed import start_all_reduce_max_cpu
+from .launch_status import stop_requested
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 # What ``python -m <package>`` returns after a preemption when it runs alone (EX_TEMPFAIL: "try again").
 # Under torchrun the workers return 0, so torchrun neither restarts them nor reports a failure;
 # launch.sh returns this code instead.
@@ -40,8 +43,13 @@ class PreemptionWatch:
         self.vote_in_flight: torch.distributed.Work | None = None
         for number in SIGNALS:
             signal.signal(number, self._record)
+        # launch.sh's launcher starts the workers with these signals blocked; one that came before the
+        # handlers were in place is delivered now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
 
     def _record(self, number: int, frame: FrameType | None) -> None:
+        if self.received and number == signal.SIGINT:  # a second Ctrl-C: stop now, without a checkpoint
+            raise KeyboardInterrupt
         self.received = signal.Signals(number).name
 
     def agreed(self) -> bool:
@@ -54,6 +62,7 @@ class PreemptionWatch:
             self.vote_in_flight = None
         decided = bool(self.vote.item())
         if not decided:
+            self.received = self.received or stop_requested()
             self.vote = torch.tensor([1 if self.received else 0], dtype=torch.int32)
             self.vote_in_flight = start_all_reduce_max_cpu(self.vote)
         return decided

@@ -1,4 +1,5 @@
-"""The checks a run passes before any process starts: config, data paths, the tracker's package, device.
+"""The checks a run passes before any process starts: config, data paths, output_dir, the pretrained
+model, the tracker's package, device.
 
 ``launch.sh`` runs them in one process (``python -m <package> --check``), so a mistake costs a second and
 prints one line. Nothing here imports torch or the model type's libraries, whose import alone takes
@@ -8,9 +9,13 @@ seconds; only a CUDA device needs torch to be checked.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 from .config import Config, ConfigError, Device, TrackerConfig, TrackerName
+from .constants import MODEL_TYPE
+from .lock import refuse_if_in_use
+from .pretrained import resolve_if_used
 
 # The module each tracker imports, and what to install for it.
 TRACKER_PACKAGES = {
@@ -25,6 +30,27 @@ def require_path(key: str, value: str) -> None:
         raise ConfigError(f"{key} is empty; give the path of your data")
     if not Path(value).exists():
         raise ConfigError(f"{key}={value!r} does not exist; check the path")
+
+
+def require_file(key: str, value: str) -> None:
+    require_path(key, value)
+    if Path(value).is_dir():
+        raise ConfigError(f"{key}={value!r} is a folder; give the data file itself")
+
+
+def require_writable_output_dir(value: str) -> None:
+    """A folder this process may create files in, or a path where one can be created; creates nothing."""
+    path = Path(os.path.abspath(value))
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"output_dir={value!r} is a file; give a folder (a new one starts a new run)")
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"output_dir={value!r} is below {existing}, a file; choose another output_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"output_dir={value!r} is not writable ({existing}: no write permission, or read-only); "
+            "choose another output_dir or fix the permissions"
+        )
 
 
 def require_pretrained(config: Config) -> None:
@@ -44,12 +70,20 @@ def check_tracker(config: TrackerConfig) -> None:
         )
 
 
-def check(config: Config) -> None:
-    """Raise ``ConfigError`` naming the first thing that keeps this run from starting."""
+def check(config: Config, before_launch: bool = True) -> None:
+    """Raise ``ConfigError`` naming the first thing that keeps this run from starting.
+
+    ``before_launch``: also ask the hub about a model that is not cached, and refuse an output_dir that
+    another run holds; a worker that launch.sh started leaves both to the pre-check, and the lock to rank 0.
+    """
     from .model_type.checks import check_config  # its helpers live here: import it late
 
     check_config(config)
     check_tracker(config.tracker)
+    require_writable_output_dir(config.output_dir)
+    resolve_if_used(config.model.pretrained, MODEL_TYPE, use_network=before_launch)
+    if before_launch:
+        refuse_if_in_use(Path(config.output_dir))
     if config.distributed.device is Device.cuda:  # e.g. CUDA asked for on a CPU machine
         from .distributed import resolve_device  # torch: only a GPU run pays for its import here
 

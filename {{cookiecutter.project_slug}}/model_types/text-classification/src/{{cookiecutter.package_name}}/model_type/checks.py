@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ..config import Config
-from ..preflight import require_path, require_pretrained
+from ..preflight import require_file, require_pretrained
 
 
 def check_config(config: Config) -> None:
     require_pretrained(config)
-    require_path("data.train_file", config.data.train_file)
+    require_file("data.train_file", config.data.train_file)
     if config.data.val_file:
-        require_path("data.val_file", config.data.val_file)
+        require_file("data.val_file", config.data.val_file)

@@ -70,6 +70,13 @@ def test_rates_come_from_the_summed_counts_and_exclude_pauses(monkeypatch) -> No
     }
 
 
+def test_a_tiny_models_mfu_keeps_its_significant_digits(monkeypatch) -> None:
+    clock = iter([0.0, 1.0])
+    monkeypatch.setattr(throughput_module.time, "perf_counter", lambda: next(clock))
+    meter = Throughput(flops_per_token=6.0, peak_flops=1e12)  # a small MLP against a 1 TFLOP/s peak
+    assert meter.read(tokens=1234.0, waited=0.0, world_size=1)["mfu"] == 7.4e-09
+
+
 def test_no_mfu_without_a_known_peak() -> None:
     assert device_peak_flops(CPU, Precision.bf16, configured_tflops=0.0) == 0.0
     assert device_peak_flops(CPU, Precision.bf16, configured_tflops=2.5) == 2.5e12

@@ -78,6 +78,7 @@ def conclude(outcomes: list[Outcome], failure: Exception | None, failure_log: Ca
     log_path = failure_log()
     reported_pids = {outcome.pid for outcome in reported}
     silent = [(rank, process) for rank, process in sorted(failed.items()) if process.pid not in reported_pids]
+    # Each rank reports before it leaves the process group (run.py): the cause's report is the earliest.
     crashes = sorted((o for o in reported if o.kind == CRASH), key=lambda outcome: outcome.time)
     if silent:  # died without a word (a signal, a segfault): the cause; the others failed for lack of it
         rank, process = silent[0]

@@ -31,21 +31,36 @@ def run(config: Config) -> int:
         preemption = PreemptionWatch()
         with distributed(config.distributed) as env:
             setup_logging(env, config.log_level)
-            with holding_output_dir(Path(config.output_dir), env):
-                Trainer(config, TASK, env, preemption).fit()
+            return train_and_report(config, env, preemption)
+    except Exception as error:  # before the process group exists: no peer can fail because of it
+        return report(error)
+
+
+def train_and_report(config: Config, env: DistEnv, preemption: PreemptionWatch) -> int:
+    """Train, and report how it ended while the process group is still up. A peer waiting in a collective
+    fails only once this process leaves the group, so the launcher always holds the cause's report
+    before the reports of the ranks that failed because of it."""
+    try:
+        with holding_output_dir(Path(config.output_dir), env):
+            Trainer(config, TASK, env, preemption).fit()
     except Preempted as stop:
         if not tell_launcher(PREEMPTED, f"{stop}; run the same command to resume"):
             log.info(f"preempted: {stop}; run the same command again to resume")
         return 0 if launched_by_torchrun() else PREEMPTED_EXIT_CODE
     except Exception as error:
-        message = str(error) if isinstance(error, USER_ERRORS) else os_error_message(error)
-        if message is not None:
-            report_error(f"error: {message}")
-        elif not report_crash(error):
-            raise
-        return 1
+        return report(error)
     tell_launcher(FINISHED)
     return 0
+
+
+def report(error: Exception) -> int:
+    """A user error's line or a bug's traceback, to the launcher or the terminal; the exit code."""
+    message = str(error) if isinstance(error, USER_ERRORS) else os_error_message(error)
+    if message is not None:
+        report_error(f"error: {message}")
+    elif not report_crash(error):
+        raise error
+    return 1
 
 
 @contextmanager

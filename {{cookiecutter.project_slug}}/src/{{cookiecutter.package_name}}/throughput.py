@@ -108,6 +108,7 @@ class Throughput:
             "data_wait_share": round(min(waited / world_size / elapsed, 1.0), 4),
         }
         if self.flops_per_token and self.peak_flops:
-            rates["mfu"] = round(tokens * self.flops_per_token / elapsed / (self.peak_flops * world_size), 4)
+            mfu = tokens * self.flops_per_token / elapsed / (self.peak_flops * world_size)
+            rates["mfu"] = float(f"{mfu:.3g}")  # significant digits: a tiny model's mfu never reads as 0
         self.restart(now)
         return rates

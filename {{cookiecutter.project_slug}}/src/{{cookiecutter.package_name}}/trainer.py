@@ -17,6 +17,7 @@ from .data import to_device
 from .distributed import DistEnv, all_reduce_sum, all_reduce_sum_cpu, barrier, gather_objects
 from .evaluation import evaluate
 from .log import log
+from .longest_batch import try_longest_batch
 from .metrics import MetricsWriter
 from .model import compile_model, parameter_checksums, skip_gradient_sync
 from .precision import autocast
@@ -74,6 +75,7 @@ class Trainer:
             )
         outcome = "failed"
         try:
+            try_longest_batch(self.state, self.data, self.task, data.batch_size, self.env, self.precision)
             self.train_to_the_end()
             if self.plan.val_loader is not None and self.last_eval.get("step") != self.state.progress.step:
                 self.evaluate()

@@ -64,14 +64,14 @@ RUNNERS = {
         peer=False,
         env={"OMP_NUM_THREADS": "1"},
         processes=1,
-        workloads=frozenset({"fixed"}),
+        workloads=frozenset({"threads"}),
     ),
     "project-1proc-cores": Runner(
         f"project, 1 process, OMP_NUM_THREADS={CORES} (the cores)",
         peer=False,
         env={"OMP_NUM_THREADS": CORES},
         processes=1,
-        workloads=frozenset({"fixed"}),
+        workloads=frozenset({"threads"}),
     ),
     # launch.sh tunes glibc's malloc unless the environment does; a neutral tunable keeps glibc's defaults.
     "project-glibc-malloc": Runner(

@@ -136,8 +136,8 @@ def targets(runs: list[dict], names: list[str], precision: str) -> list[tuple[st
         )
         checks.target(text, gap, lambda v: v >= -0.02, _fmt(gap[0]) if gap else "-")
     for name in names:
-        if name == "steps":
-            continue  # the same launch as (b): its first steps add nothing
+        if not by_seed(runs, name, "plain", "first_step_s"):
+            continue  # (d) and (e) run no plain loop
         differences = against(runs, name, "first_step_s", "project", "plain", difference=True)
         text = f"launch to first step on {name}, target <= +1 s: project - plain loop (s)"
         checks.target(text, differences, lambda v: v <= 1.0)
@@ -153,10 +153,12 @@ def targets(runs: list[dict], names: list[str], precision: str) -> list[tuple[st
 def settings(runs: list[dict], checks: Checks, precision: str) -> None:
     """The measurements behind the project's defaults, as paired samples/s ratios."""
     speed = "samples_per_s"
-    one_process = "1 process: OMP_NUM_THREADS=cores / OMP_NUM_THREADS=1, samples/s on fixed"
-    checks.compare(one_process, against(runs, "fixed", speed, "project-1proc-cores", "project-1proc-1thread"))
-    two_processes = "2 processes x 1 thread / 1 process x 1 thread, samples/s on fixed"
-    checks.compare(two_processes, against(runs, "fixed", speed, "project", "project-1proc-1thread"))
+    one_process = "1 process: OMP_NUM_THREADS=cores / OMP_NUM_THREADS=1, samples/s on (e)"
+    checks.compare(
+        one_process, against(runs, "threads", speed, "project-1proc-cores", "project-1proc-1thread")
+    )
+    two_processes = "2 processes x 1 thread / 1 process x 1 thread, samples/s on (e)"
+    checks.compare(two_processes, against(runs, "threads", speed, "project", "project-1proc-1thread"))
     for name in ("fixed", "variable"):
         workers = f"data.num_workers=2 / 0 (the CPU default), samples/s on {name}"
         checks.compare(workers, against(runs, name, speed, "project-workers", "project"))

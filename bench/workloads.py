@@ -35,6 +35,16 @@ class Workload:
     target: float = 0.0  # steps to target: the metric a run must reach (0: the plain loop's final one)
 
 
+FIXED = Workload(
+    name="fixed",
+    title="(a) text classification, fixed length (pure overhead)",
+    train_size=8192,
+    val_size=512,
+    epochs=1,
+    words=(80, 80),  # truncated to max_length: every sample is exactly 64 tokens
+    mentions=4,  # learnable within the epoch: its accuracy column is not a coin toss
+    max_length=64,
+)
 VARIABLE = Workload(
     name="variable",
     title="(b) text classification, variable length (realistic padding)",
@@ -44,16 +54,7 @@ VARIABLE = Workload(
     eval_every_steps=32,
 )
 WORKLOADS = {
-    "fixed": Workload(
-        name="fixed",
-        title="(a) text classification, fixed length (pure overhead)",
-        train_size=8192,
-        val_size=512,
-        epochs=1,
-        words=(80, 80),  # truncated to max_length: every sample is exactly 64 tokens
-        mentions=4,  # learnable within the epoch: its accuracy column is not a coin toss
-        max_length=64,
-    ),
+    "fixed": FIXED,
     "variable": VARIABLE,
     # (b)'s data for one epoch, evaluated often, over several seeds: what a step learns, not how fast
     # it runs. The labels do not depend on the length, and the signal is one word among the filler.
@@ -66,6 +67,15 @@ WORKLOADS = {
         runners=("project", "project-random", "trainer-grouped"),
         seeds_per_round=2,
         target=0.9,
+    ),
+    # Threads per process: (a)'s texts, a quarter of them, since a run of several threads per process on
+    # a busy machine can take many times longer than the others.
+    "threads": replace(
+        FIXED,
+        name="threads",
+        title="(e) threads per process: (a)'s texts, 2048 of them (64 steps)",
+        train_size=2048,
+        runners=("project", "project-1proc-1thread", "project-1proc-cores"),
     ),
     "causal": Workload(
         name="causal",

@@ -182,7 +182,7 @@ def test_every_runner_completes_a_quick_pass(tmp_path: Path) -> None:
     assert done == expected
     report = next((tmp_path / "results").glob("*.md")).read_text()
     assert "(a) steady-state samples/s" in report and "peak RSS" in report and "(d) accuracy" in report
-    assert "1 process: OMP_NUM_THREADS=cores / OMP_NUM_THREADS=1" in report
+    assert "1 process: OMP_NUM_THREADS=cores / OMP_NUM_THREADS=1, samples/s on (e) = " in report
     assert all(r["samples_per_s"] > 0 and r["first_step_s"] > 0 for r in results["runs"])
 
 

@@ -65,17 +65,31 @@ def final_metric(timeline: Timeline, metric: str) -> float:
     return timeline.evals[-1][metric]
 
 
+def first_reaching(timeline: Timeline, metric: str, target: float, higher_is_better: bool) -> dict | None:
+    """The first evaluation whose ``metric`` reached ``target``; None when none did."""
+    for evaluation in timeline.evals:
+        value = evaluation[metric]
+        if (value >= target) if higher_is_better else (value <= target):
+            return evaluation
+    return None
+
+
 def time_to_target(
     timeline: Timeline, launched: float, metric: str, target: float, higher_is_better: bool
 ) -> float | None:
     """Launch to the end of the first step whose evaluation reached ``target``, evaluations excluded;
     None when no evaluation reached it."""
-    for evaluation in timeline.evals:
-        value = evaluation[metric]
-        if (value >= target) if higher_is_better else (value <= target):
-            step = evaluation["step"]
-            return timeline.steps[step] - launched - evaluation_time(timeline, 0, step)
-    return None
+    evaluation = first_reaching(timeline, metric, target, higher_is_better)
+    if evaluation is None:
+        return None
+    step = evaluation["step"]
+    return timeline.steps[step] - launched - evaluation_time(timeline, 0, step)
+
+
+def steps_to_target(timeline: Timeline, metric: str, target: float, higher_is_better: bool) -> int | None:
+    """The first evaluated step whose ``metric`` reached ``target``; None when none did."""
+    evaluation = first_reaching(timeline, metric, target, higher_is_better)
+    return None if evaluation is None else evaluation["step"]
 
 
 def median(values: list[float]) -> float:

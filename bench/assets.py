@@ -2,26 +2,35 @@
 ``save_pretrained`` (loaded by every runner through ``from_pretrained``, as a hub id would be) and the
 data of each workload as the generated project reads it (JSON Lines).
 
-Word-level tokenizers make every word exactly one token, so the fixed-length workload really is fixed.
+Tokenizers and models come from the rendered project's own demo (``model_type/demo.py``), at the bench's
+sizes: the text demo's tokenizer makes every word of its vocabulary one token, so the fixed-length
+workload really is fixed; the causal demo's grammar writes the documents.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import random
+import sys
 from pathlib import Path
+from types import ModuleType
 
-import torch
-from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 from transformers.utils import logging as transformers_logging
 
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-END = "<|endoftext|>"
 CLASSES = ["north", "south", "east", "west"]  # each has KEYWORDS_PER_CLASS words that name it
 KEYWORDS_PER_CLASS = 3
 FILLER_WORDS = 600
+
+
+def demo_module(project: Path) -> ModuleType:
+    """The ``model_type.demo`` module of a rendered project (its package is the one folder in src/)."""
+    source = project / "src"
+    package = next(path.name for path in source.iterdir() if (path / "__init__.py").exists())
+    if str(source) not in sys.path:
+        sys.path.insert(0, str(source))
+    return importlib.import_module(f"{package}.model_type.demo")
 
 
 def _words(rng: random.Random, count: int, length: int = 6) -> list[str]:
@@ -41,29 +50,6 @@ def vocabulary() -> tuple[list[str], dict[str, list[str]]]:
         for i, name in enumerate(CLASSES)
     }
     return words[:FILLER_WORDS], keywords
-
-
-def word_tokenizer(words: list[str], bert_style: bool, max_length: int) -> PreTrainedTokenizerFast:
-    specials = SPECIALS if bert_style else [END]
-    vocab = {token: index for index, token in enumerate([*specials, *words])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=specials[1] if bert_style else END))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    if bert_style:
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
-        )
-        return PreTrainedTokenizerFast(
-            tokenizer_object=tokenizer,
-            unk_token="[UNK]",
-            pad_token="[PAD]",
-            cls_token="[CLS]",
-            sep_token="[SEP]",
-            mask_token="[MASK]",
-            model_max_length=max_length,
-        )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=END, eos_token=END, unk_token=END, model_max_length=max_length
-    )
 
 
 def classification_text(
@@ -86,21 +72,10 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-def build_classifier(directory: Path, hidden: int, layers: int, max_length: int) -> Path:
+def build_classifier(directory: Path, demo: ModuleType, hidden: int, layers: int, max_length: int) -> Path:
     filler, keywords = vocabulary()
-    tokenizer = word_tokenizer(filler + [w for ws in keywords.values() for w in ws], True, max_length)
-    config = BertConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 32),
-        intermediate_size=4 * hidden,
-        max_position_embeddings=max_length,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    BertForMaskedLM(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    tokenizer = demo.build_tokenizer(filler + [w for ws in keywords.values() for w in ws], max_length)
+    demo.save_tiny_bert(tokenizer, directory, hidden=hidden, layers=layers, intermediate=4 * hidden)
     return directory
 
 
@@ -123,49 +98,20 @@ def build_classification_data(
     return paths[0], paths[1]
 
 
-def build_causal_lm(directory: Path, hidden: int, layers: int, context: int) -> Path:
-    tokenizer = word_tokenizer(_grammar_words(), False, context)
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=context,
-        n_embd=hidden,
-        n_layer=layers,
-        n_head=max(1, hidden // 32),
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    torch.manual_seed(0)
-    GPT2LMHeadModel(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    return directory
-
-
-SUBJECTS = ["the cat", "a dog", "the old man", "my sister", "the teacher", "a small bird", "our neighbour"]
-VERBS = ["saw", "liked", "followed", "painted", "found", "called", "helped", "carried"]
-OBJECTS = ["the red ball", "a green box", "the tall tree", "a quiet river", "the blue house", "a warm cup"]
-PLACES = ["in the park", "at home", "by the sea", "after school", "in the morning", "near the bridge"]
-
-
-def _grammar_words() -> list[str]:
-    phrases = SUBJECTS + VERBS + OBJECTS + PLACES
-    return sorted({word for phrase in phrases for word in phrase.split()} | {"."})
-
-
-def build_causal_data(directory: Path, train: int, val: int, seed: int) -> tuple[Path, Path]:
+def build_causal(
+    directory: Path, demo: ModuleType, size: dict[str, int], train: int, val: int, seed: int
+) -> dict[str, str]:
+    """Documents of the causal demo's grammar, its tokenizer trained on them, a GPT-2 of ``size``
+    (hidden, layers, context): {model, train_file, val_file}."""
     rng = random.Random(seed)
-
-    def document() -> str:
-        sentences = [
-            f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(PLACES)} ."
-            for _ in range(rng.randint(1, 6))
-        ]
-        return " ".join(sentences)
-
-    paths = []
-    for name, count in (("train", train), ("val", val)):
-        paths.append(directory / f"{name}.jsonl")
-        write_jsonl(paths[-1], [{"text": document()} for _ in range(count)])
-    return paths[0], paths[1]
+    paths, corpus = {}, []
+    for name, count in (("train_file", train), ("val_file", val)):
+        paths[name] = directory / f"{name.removesuffix('_file')}.jsonl"
+        corpus += demo.write_split(paths[name], rng, count)
+    model = directory / "model"
+    tokenizer = demo.build_tokenizer(corpus, size["context"])
+    demo.save_tiny_gpt2(tokenizer, model, size["hidden"], size["layers"], max(1, size["hidden"] // 32))
+    return {"model": str(model), **{name: str(path) for name, path in paths.items()}}
 
 
 def quiet() -> None:

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 import assets
+import provenance
 
 REPO = Path(__file__).resolve().parents[1]
 # (name, overrides): each a run of the same steps.
@@ -54,11 +55,11 @@ def render(work: Path, cpu: bool) -> Path:
     )
 
 
-def build_inputs(work: Path, size: dict) -> dict[str, str]:
+def build_inputs(work: Path, size: dict, project: Path) -> dict[str, str]:
+    """A GPT-2 of ``size`` and documents of the causal demo's grammar, by the project's own demo."""
+    work.mkdir(parents=True, exist_ok=True)
     assets.quiet()
-    model = assets.build_causal_lm(work / "model", size["hidden"], size["layers"], size["context"])
-    train, val = assets.build_causal_data(work, size["documents"], 200, seed=0)
-    return {"model": str(model), "train": str(train), "val": str(val)}
+    return assets.build_causal(work, assets.demo_module(project), size, size["documents"], 200, seed=0)
 
 
 def run(
@@ -67,8 +68,8 @@ def run(
     shutil.rmtree(output, ignore_errors=True)
     overrides = [
         f"model.pretrained={inputs['model']}",
-        f"data.train_file={inputs['train']}",
-        f"data.val_file={inputs['val']}",
+        f"data.train_file={inputs['train_file']}",
+        f"data.val_file={inputs['val_file']}",
         f"data.max_length={size['context']}",
         f"data.batch_size={size['batch']}",
         f"train.max_steps={size['steps']}",
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     size = CPU_SIZE if args.cpu else GPU_SIZE
     project = args.project or render(args.work_dir, args.cpu)
-    inputs = build_inputs(args.work_dir / "inputs", size)
+    inputs = build_inputs(args.work_dir / "inputs", size, project)
     configurations = [
         (label, extra, 1)
         for label, extra in CONFIGURATIONS
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         f"# GPU check, {datetime.date.today().isoformat()}: {name}",
         "",
         f"GPT-2 shape: {size['hidden']} hidden, {size['layers']} layers, blocks of {size['context']} tokens, "
-        f"batch {size['batch']}, {size['steps']} steps, world size 1 ({'gloo' if args.cpu else 'nccl'}).",
+        f"batch {size['batch']}, {size['steps']} steps, world size 1 ({'gloo' if args.cpu else 'nccl'}). "
+        f"Template commit {provenance.current_commit()}.",
         "",
         "| configuration | samples/s per GPU | tokens/s per GPU | mfu | eval_loss | notes |",
         "| --- | --- | --- | --- | --- | --- |",

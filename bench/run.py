@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import analysis
 import report
 import runs
-from workloads import SEED, WORKLOADS, build_inputs, quick, training_samples
+from workloads import SEED, WORKLOADS, build_inputs, global_batch, quick, training_samples
 
 REPO = Path(__file__).resolve().parents[1]
 SETTLE_S = 2.0  # idle seconds before each run: the previous job's exit does not overlap the next launch
@@ -63,14 +65,64 @@ def measure_run(job, timeline, workload, epoch_steps: int, tokens_per_sample: fl
     if max(timeline.steps) < epoch_steps or not timeline.evals:
         return result | {"wall_s": None, "error": f"ended at step {max(timeline.steps)} of {epoch_steps}"}
     window = analysis.steady_window(timeline, epoch_steps)
-    speed = analysis.steady_samples_per_s(timeline, window, workload.batch_size * runs.WORLD_SIZE)
-    return result | {
+    speed = analysis.steady_samples_per_s(timeline, window, global_batch(workload))
+    result |= {
         "samples_per_s": speed,
         "tokens_per_s": speed * tokens_per_sample,
         "first_step_s": analysis.first_step_s(timeline, job.launched),
         "final_metric": analysis.final_metric(timeline, workload.metric),
         "steady_window": window,
     }
+    if workload.target:
+        result["target"] = workload.target
+        result["steps_to_target"] = analysis.steps_to_target(
+            timeline, workload.metric, workload.target, workload.higher_is_better
+        )
+    return result
+
+
+@dataclass
+class Bench:
+    """What every run of one bench shares."""
+
+    work: Path
+    precision: str
+    timeout_s: float
+    projects: dict[str, Path]  # model type -> rendered project
+    prepared: dict[str, tuple[dict[str, str], int, float]]  # workload -> inputs, epoch steps, tokens/sample
+
+
+def prepare(workloads: list, work: Path, timeout_s: float) -> Bench:
+    precision = "bf16" if cpu_has_bf16() else "fp32"  # the same for every runner
+    projects = {t: render_project(t, work / "projects") for t in sorted({w.model_type for w in workloads})}
+    prepared = {}
+    for workload in workloads:
+        inputs = build_inputs(workload, work / "inputs" / workload.name, projects[workload.model_type])
+        samples, tokens_per_sample = training_samples(workload, inputs)
+        prepared[workload.name] = (inputs, samples // global_batch(workload), tokens_per_sample)
+    return Bench(work, precision, timeout_s, projects, prepared)
+
+
+def run_seed(bench: Bench, workload, runners: list[str], round_: int, seed: int) -> list[dict]:
+    """Every runner of ``runners`` meant for ``workload`` once, with training seed ``seed``."""
+    inputs, epoch_steps, tokens_per_sample = bench.prepared[workload.name]
+    results, timelines = [], {}
+    for runner in [name for name in runners if runs.runs_on(name, workload)]:
+        time.sleep(SETTLE_S)
+        directory = bench.work / "runs" / f"seed{seed}" / workload.name / runner
+        load = os.getloadavg()[0]
+        project = bench.projects[workload.model_type]
+        job, timeline = runs.run(
+            runner, workload, inputs, project, bench.precision, seed, directory, bench.timeout_s
+        )
+        result = {"round": round_, "seed": seed, "workload": workload.name, "runner": runner}
+        result |= {"log": str(directory), "load_before": load}
+        result |= measure_run(job, timeline, workload, epoch_steps, tokens_per_sample)
+        timelines[runner] = (job, timeline)
+        results.append(result)
+        report_progress(result, job, directory)
+    add_time_to_target(results, timelines, workload)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,63 +140,30 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [WORKLOADS[name] for name in args.workloads.split(",")]
     workloads = [quick(w) for w in workloads] if args.quick else workloads
     runners = args.runners.split(",")
-    precision = "bf16" if cpu_has_bf16() else "fp32"  # the same for every runner
-    work = args.work_dir
-    projects = {t: render_project(t, work / "projects") for t in sorted({w.model_type for w in workloads})}
-    prepared = {}
-    for workload in workloads:
-        inputs = build_inputs(workload, work / "inputs" / workload.name)
-        samples, tokens_per_sample = training_samples(workload, inputs)
-        epoch_steps = samples // runs.WORLD_SIZE // workload.batch_size
-        prepared[workload.name] = (inputs, epoch_steps, tokens_per_sample)
-    print(
-        f"precision {precision}; {args.rounds} round(s), {len(runners)} runners, {len(workloads)} workloads"
-    )
-
+    bench = prepare(workloads, args.work_dir, args.timeout)
+    sizes = f"{args.rounds} round(s), {len(runners)} runners, {len(workloads)} workloads"
+    print(f"precision {bench.precision}; {sizes}")
+    about = report.machine(bench.precision)  # at the start: the commit the runs measure
+    about["command"] = " ".join(["bench/run.py", *(sys.argv[1:] if argv is None else argv)])
+    started = time.monotonic()
     results: list[dict] = []
+    partial = args.work_dir / "results" / "partial.json"  # what is done so far: --report reads it
+    partial.parent.mkdir(parents=True, exist_ok=True)
     for round_ in range(args.rounds):
         order = runners[round_ % len(runners) :] + runners[: round_ % len(runners)]
         for workload in workloads:
-            inputs, epoch_steps, tokens_per_sample = prepared[workload.name]
-            timelines = {}
-            for runner in order:
-                if runner == "trainer-grouped" and workload.name != "variable":
-                    continue  # the opt-in only changes anything where lengths vary
-                time.sleep(SETTLE_S)
-                directory = work / "runs" / f"round{round_}" / workload.name / runner
-                job, timeline = runs.run(
-                    runner,
-                    workload,
-                    inputs,
-                    projects[workload.model_type],
-                    precision,
-                    SEED + round_,
-                    directory,
-                    args.timeout,
-                )
-                result = {"round": round_, "workload": workload.name, "runner": runner, "log": str(directory)}
-                result |= measure_run(job, timeline, workload, epoch_steps, tokens_per_sample)
-                timelines[runner] = (job, timeline)
-                results.append(result)
-                failure = result.get("error", f"exit {job.returncode}")
-                state = (
-                    "ok"
-                    if result["wall_s"] is not None
-                    else f"FAILED ({failure}, see {directory / 'log.txt'})"
-                )
-                print(
-                    f"round {round_ + 1} {workload.name:<8} {runner:<16} {job.wall_s:6.1f} s  {state}",
-                    flush=True,
-                )
-            add_time_to_target(results, timelines, workload, round_)
+            for index in range(workload.seeds_per_round):
+                seed = SEED + round_ * workload.seeds_per_round + index
+                results += run_seed(bench, workload, order, round_, seed)
+                partial.write_text(json.dumps({"machine": about, "runs": results}, indent=1))
 
-    about = report.machine(precision)
+    about["minutes"] = round((time.monotonic() - started) / 60, 1)
     text = report.markdown(results, workloads, runners, about, args.rounds)
     print("\n" + text)
     everything = {w.name for w in workloads} == set(WORKLOADS) and set(runners) == set(runs.RUNNERS)
     complete = everything and args.rounds >= MIN_ROUNDS and not args.quick
     # Only a complete bench is a result to commit; a partial one must not replace the day's complete one.
-    out_dir = REPO / "bench" / "results" if complete else work / "results"
+    out_dir = REPO / "bench" / "results" if complete else args.work_dir / "results"
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = (
         f"{about['date']}-{re.sub(r'[^a-z0-9]+', '-', about['cpu'].lower()).strip('-')}-{about['cores']}cores"
@@ -168,19 +187,27 @@ def rewrite_report(results_file: Path) -> int:
     return 0
 
 
-def add_time_to_target(results: list[dict], timelines: dict, workload, round_: int) -> None:
-    """Time to the plain loop's final metric of this round, for every runner of the round."""
+def report_progress(result: dict, job, directory: Path) -> None:
+    failure = result.get("error", f"exit {job.returncode}")
+    state = "ok" if result["wall_s"] is not None else f"FAILED ({failure}, see {directory / 'log.txt'})"
+    name = f"{result['workload']:<8} {result['runner']:<22}"
+    print(
+        f"round {result['round'] + 1} seed {result['seed']} {name} {job.wall_s:6.1f} s  {state}", flush=True
+    )
+
+
+def add_time_to_target(results: list[dict], timelines: dict, workload) -> None:
+    """Time to the plain loop's final metric of this seed, for every runner of the seed."""
     if workload.eval_every_steps == 0 or "plain" not in timelines or timelines["plain"][1] is None:
         return
     target = analysis.final_metric(timelines["plain"][1], workload.metric)
     for result in results:
-        if result["round"] == round_ and result["workload"] == workload.name:
-            job, timeline = timelines[result["runner"]]
-            if timeline is not None:
-                result["target"] = target
-                result["time_to_target_s"] = analysis.time_to_target(
-                    timeline, job.launched, workload.metric, target, workload.higher_is_better
-                )
+        job, timeline = timelines[result["runner"]]
+        result["target"] = target
+        if timeline is not None:
+            result["time_to_target_s"] = analysis.time_to_target(
+                timeline, job.launched, workload.metric, target, workload.higher_is_better
+            )
 
 
 if __name__ == "__main__":

@@ -15,61 +15,67 @@ from transformers import AutoTokenizer
 class Workload:
     name: str
     title: str
-    model_type: str  # of the generated project that runs it
-    metric: str  # the eval metric reported; time-to-target uses it on "variable"
-    higher_is_better: bool
     train_size: int
     val_size: int
-    words: tuple[int, int]  # words per text (classification); low == high: fixed length
-    mentions: int  # times the class keyword appears in a text (classification)
-    max_length: int
-    batch_size: int  # per process
     epochs: int
-    lr: float
-    eval_every_steps: int  # 0: only at the end
-    log_every_steps: int  # the project's; divides eval_every_steps (an evaluation starts at a record)
-    hidden: int
-    layers: int
+    model_type: str = "text-classification"  # of the generated project that runs it
+    metric: str = "eval_accuracy"  # the eval metric reported; time and steps to target use it
+    higher_is_better: bool = True
+    words: tuple[int, int] = (6, 250)  # words per text (classification); low == high: fixed length
+    mentions: int = 1  # times the class keyword appears in a text (classification)
+    max_length: int = 256
+    batch_size: int = 16  # per process, of WORLD_SIZE processes: the global batch is the same for all
+    lr: float = 1e-3
+    eval_every_steps: int = 0  # 0: only at the end
+    log_every_steps: int = 8  # the project's; divides eval_every_steps (an evaluation starts at a record)
+    hidden: int = 64
+    layers: int = 2
+    runners: tuple[str, ...] = ()  # empty: every runner meant for it (runs.runs_on)
+    seeds_per_round: int = 1  # runs of each runner per round, each with its own training seed
+    target: float = 0.0  # steps to target: the metric a run must reach (0: the plain loop's final one)
 
 
+FIXED = Workload(
+    name="fixed",
+    title="(a) text classification, fixed length (pure overhead)",
+    train_size=8192,
+    val_size=512,
+    epochs=1,
+    words=(80, 80),  # truncated to max_length: every sample is exactly 64 tokens
+    mentions=4,  # learnable within the epoch: its accuracy column is not a coin toss
+    max_length=64,
+)
+VARIABLE = Workload(
+    name="variable",
+    title="(b) text classification, variable length (realistic padding)",
+    train_size=4096,  # log-uniform lengths: many short texts, a long tail
+    val_size=512,
+    epochs=2,
+    eval_every_steps=32,
+)
 WORKLOADS = {
-    "fixed": Workload(
-        name="fixed",
-        title="(a) text classification, fixed length (pure overhead)",
-        model_type="text-classification",
-        metric="eval_accuracy",
-        higher_is_better=True,
-        train_size=8192,
-        val_size=512,
-        words=(80, 80),  # truncated to max_length: every sample is exactly 64 tokens
-        mentions=4,  # learnable within the epoch: its accuracy column is not a coin toss
-        max_length=64,
-        batch_size=16,
+    "fixed": FIXED,
+    "variable": VARIABLE,
+    # (b)'s data for one epoch, evaluated often, over several seeds: what a step learns, not how fast
+    # it runs. The labels do not depend on the length, and the signal is one word among the filler.
+    "steps": replace(
+        VARIABLE,
+        name="steps",
+        title="(d) sample efficiency: (b)'s data, one epoch (128 steps), several seeds",
         epochs=1,
-        lr=1e-3,
-        eval_every_steps=0,
-        log_every_steps=8,
-        hidden=64,
-        layers=2,
+        eval_every_steps=16,
+        runners=("project", "project-random", "trainer-grouped"),
+        seeds_per_round=2,
+        target=0.9,
     ),
-    "variable": Workload(
-        name="variable",
-        title="(b) text classification, variable length (realistic padding)",
-        model_type="text-classification",
-        metric="eval_accuracy",
-        higher_is_better=True,
-        train_size=4096,
-        val_size=512,
-        words=(6, 250),  # log-uniform: many short texts, a long tail
-        mentions=1,
-        max_length=256,
-        batch_size=16,
-        epochs=2,
-        lr=1e-3,
-        eval_every_steps=32,
-        log_every_steps=8,
-        hidden=64,
-        layers=2,
+    # Threads per process: (a)'s texts, a quarter of them, since a run of several threads per process on
+    # a busy machine can take many times longer than the others.
+    "threads": replace(
+        FIXED,
+        name="threads",
+        title="(e) threads per process: (a)'s texts, 2048 of them (64 steps)",
+        train_size=2048,
+        runners=("project", "project-1proc-1thread", "project-1proc-cores"),
     ),
     "causal": Workload(
         name="causal",
@@ -79,23 +85,24 @@ WORKLOADS = {
         higher_is_better=False,
         train_size=9000,
         val_size=200,
+        epochs=1,
         words=(0, 0),
         mentions=0,
         max_length=128,
         batch_size=8,
-        epochs=1,
         lr=2e-3,
-        eval_every_steps=0,
-        log_every_steps=8,
-        hidden=64,
-        layers=2,
     ),
 }
+WORLD_SIZE = 2  # processes of every run but the one-process rows, which keep the global batch
 SEED = 42  # of the data; the training seed is SEED + round, the same for every runner of a round
 WARMUP_RATIO = 0.06
 WEIGHT_DECAY = 0.01
 MAX_GRAD_NORM = 1.0
 EVAL_BATCH_SIZE = 32
+
+
+def global_batch(workload: Workload) -> int:
+    return workload.batch_size * WORLD_SIZE
 
 
 def quick(workload: Workload) -> Workload:
@@ -107,23 +114,23 @@ def quick(workload: Workload) -> Workload:
         epochs=1,
         eval_every_steps=4 if workload.eval_every_steps else 0,
         log_every_steps=2,
+        seeds_per_round=1,
     )
 
 
-def build_inputs(workload: Workload, directory: Path) -> dict[str, str]:
-    """Checkpoint and data of the workload, under ``directory``: {model, train_file, val_file}."""
+def build_inputs(workload: Workload, directory: Path, project: Path) -> dict[str, str]:
+    """Checkpoint and data of the workload under ``directory``, its tokenizer and model built by the
+    rendered ``project``'s demo: {model, train_file, val_file}."""
     directory.mkdir(parents=True, exist_ok=True)
     assets.quiet()
+    demo = assets.demo_module(project)
     if workload.model_type == "causal-lm":
-        model = assets.build_causal_lm(
-            directory / "model", workload.hidden, workload.layers, workload.max_length
-        )
-        train, val = assets.build_causal_data(directory, workload.train_size, workload.val_size, SEED)
-    else:
-        model = assets.build_classifier(directory / "model", workload.hidden, workload.layers, 256)
-        train, val = assets.build_classification_data(
-            directory, workload.train_size, workload.val_size, workload.words, workload.mentions, SEED
-        )
+        size = {"hidden": workload.hidden, "layers": workload.layers, "context": workload.max_length}
+        return assets.build_causal(directory, demo, size, workload.train_size, workload.val_size, SEED)
+    model = assets.build_classifier(directory / "model", demo, workload.hidden, workload.layers, 256)
+    train, val = assets.build_classification_data(
+        directory, workload.train_size, workload.val_size, workload.words, workload.mentions, SEED
+    )
     return {"model": str(model), "train_file": str(train), "val_file": str(val)}
 
 
@@ -141,14 +148,14 @@ def training_samples(workload: Workload, inputs: dict[str, str]) -> tuple[int, f
 
 
 def runner_spec(
-    workload: Workload, inputs: dict[str, str], precision: str, seed: int, timeline: Path
+    workload: Workload, inputs: dict[str, str], precision: str, seed: int, timeline: Path, batch_size: int
 ) -> dict[str, Any]:
     """What a hand-written runner reads: the same settings the project gets as overrides."""
     return {
         "task": workload.model_type,
         **inputs,
         "max_length": workload.max_length,
-        "batch_size": workload.batch_size,
+        "batch_size": batch_size,
         "eval_batch_size": EVAL_BATCH_SIZE,
         "epochs": workload.epochs,
         "lr": workload.lr,
@@ -163,7 +170,7 @@ def runner_spec(
 
 
 def project_overrides(
-    workload: Workload, inputs: dict[str, str], precision: str, seed: int, output: Path
+    workload: Workload, inputs: dict[str, str], precision: str, seed: int, output: Path, batch_size: int
 ) -> list[str]:
     """The same settings as key=value overrides of the generated project; the rest are its defaults."""
     return [
@@ -171,7 +178,7 @@ def project_overrides(
         f"data.train_file={inputs['train_file']}",
         f"data.val_file={inputs['val_file']}",
         f"data.max_length={workload.max_length}",
-        f"data.batch_size={workload.batch_size}",
+        f"data.batch_size={batch_size}",
         f"data.eval_batch_size={EVAL_BATCH_SIZE}",
         f"train.epochs={workload.epochs}",
         f"train.lr={workload.lr}",

@@ -19,6 +19,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import analysis  # noqa: E402
 import measure  # noqa: E402
+import provenance  # noqa: E402
+import runs  # noqa: E402
+import targets  # noqa: E402
+from workloads import WORKLOADS  # noqa: E402
 
 
 def timeline() -> analysis.Timeline:
@@ -83,19 +87,102 @@ def test_peak_rss_of_each_rank_is_read_from_outside(tmp_path: Path) -> None:
     assert job.wall_s >= 1.5
 
 
+def variable_run(seed: int, runner: str, time_to_target: float | None, **more: float) -> dict:
+    """A run of (b) in the shape run.py records: it had a target; None: it never reached it."""
+    run = {"round": seed, "seed": seed, "workload": "variable", "runner": runner, "target": 1.0}
+    return run | {"time_to_target_s": time_to_target} | more
+
+
+def test_best_peer_is_the_fastest_of_every_peer_configuration_opt_in_flags_included() -> None:
+    runs = [
+        variable_run(0, "project", 12.0),
+        variable_run(0, "fabric", 24.0),
+        variable_run(0, "plain", 25.0),
+        variable_run(0, "trainer-grouped", 12.5),  # the Trainer with its one documented flag
+    ]
+    best = targets.time_to_target_vs_best_peer(runs)
+    assert best.winners == ["Trainer, group_by_length (opt-in)"]
+    assert best.ratios == [pytest.approx(12.0 / 12.5)]
+    assert best.misses == 0
+
+
+def test_a_seed_in_which_the_project_never_reached_the_target_counts_as_a_miss() -> None:
+    runs = [variable_run(0, "project", 10.0), variable_run(0, "plain", 20.0)]
+    runs += [variable_run(1, "project", None), variable_run(1, "plain", 20.0)]
+    runs += [{**variable_run(2, "project", None), "wall_s": None}, variable_run(2, "plain", 20.0)]  # failed
+    runs += [variable_run(3, "project", 5.0), variable_run(3, "plain", 20.0)]
+    best = targets.time_to_target_vs_best_peer(runs)
+    assert best.ratios == [0.5, targets.MISSED, targets.MISSED, 0.25]
+    assert best.misses == 2
+    lines = dict(targets.targets(runs, ["variable"], "fp32"))
+    line = next(text for text in lines if text.startswith(("PASS", "MISS")) and "(b) time to" in text)
+    assert line.startswith("MISS") and "missed the target in 2 of 4 seeds" in line
+    assert "= missed (per seed: 0.500 vs plain DDP loop, missed vs" in line
+
+
+def test_sample_efficiency_compares_medians_over_seeds_and_counts_steps_to_target() -> None:
+    def steps_run(seed: int, runner: str, final: float, steps: int | None) -> dict:
+        run = {"round": 0, "seed": seed, "workload": "steps", "runner": runner, "target": 0.9}
+        return run | {"final_metric": final, "steps_to_target": steps}
+
+    runs = [steps_run(s, "project", f, n) for s, f, n in ((1, 0.75, None), (2, 1.0, 96), (3, 0.93, 112))]
+    runs += [
+        steps_run(s, "project-random", f, n) for s, f, n in ((1, 1.0, 80), (2, 0.96, 96), (3, 0.5, None))
+    ]
+    grouped = targets.steps_summary(runs, "project")
+    assert grouped is not None
+    assert grouped["median"] == 0.93 and grouped["reached"] == 2
+    assert grouped["steps"] == {1: targets.MISSED, 2: 96, 3: 112}
+    line = next(text for text, _ in targets.targets(runs, ["steps"], "fp32") if "(d)" in text)
+    assert line.startswith("MISS") and "= -0.030" in line
+    runs.append(steps_run(4, "project", 1.0, 64))  # the median moves to 0.965, above random's 0.96
+    line = next(text for text, _ in targets.targets(runs, ["steps"], "fp32") if "(d)" in text)
+    assert line.startswith("PASS") and "= 0.005" in line
+
+
+def test_every_results_table_names_the_commit_whose_measured_code_is_head() -> None:
+    """A committed table is evidence only for the code it ran: the bench, the training loop, the data and
+    sampling code, launch.sh. Once any of that changes, the bench is run again (or the table goes)."""
+    tables = sorted((REPO / "bench" / "results").glob("*.md"))
+    if provenance.current_commit() == "unknown":
+        pytest.skip("not a git checkout: no history to compare with")
+    for table in tables:
+        named = provenance.named_commit(table.read_text(encoding="utf-8"))
+        assert named is not None, f"{table.name} names no template commit"
+        commit, dirty = named
+        assert not dirty, f"{table.name} measured uncommitted code (commit {commit}+dirty)"
+        changed = provenance.changed_since(commit)
+        assert not changed, f"{table.name} measured {commit}; since then changed: {', '.join(changed)}"
+
+
+def test_the_stale_table_check_sees_a_change_of_measured_code() -> None:
+    if provenance.current_commit() == "unknown":
+        pytest.skip("not a git checkout: no history to compare with")
+    first = run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=REPO).stdout.split()[0]
+    assert "bench/run.py" in provenance.changed_since(first)
+    assert provenance.named_commit("... Template commit 1a2b3c4+dirty. Load") == ("1a2b3c4", True)
+    assert provenance.named_commit("no commit here") is None
+
+
 @pytest.mark.slow
 def test_every_runner_completes_a_quick_pass(tmp_path: Path) -> None:
-    """Each runner on the classification and causal-LM workloads, a few steps each: the bench runs."""
+    """Every runner on every workload it is meant for, a few steps each: the bench runs."""
     command = [sys.executable, str(REPO / "bench" / "run.py"), "--quick", "--rounds", "1"]
-    command += ["--workloads", "fixed,causal", "--work-dir", str(tmp_path)]
-    proc = run(command, cwd=REPO, timeout=900)
+    command += ["--work-dir", str(tmp_path)]
+    proc = run(command, cwd=REPO, timeout=1800)
     assert proc.returncode == 0, describe(proc)
     results = json.loads(next((tmp_path / "results").glob("*.json")).read_text())
     done = {(r["workload"], r["runner"]) for r in results["runs"] if r["returncode"] == 0}
-    expected_runners = {"project", "plain", "accelerate", "fabric", "trainer"}
-    assert done == {(w, r) for w in ("fixed", "causal") for r in expected_runners}
+    expected = {
+        (name, runner)
+        for name, workload in WORKLOADS.items()
+        for runner in runs.RUNNERS
+        if runs.runs_on(runner, workload)
+    }
+    assert done == expected
     report = next((tmp_path / "results").glob("*.md")).read_text()
-    assert "(a) steady-state samples/s" in report and "peak RSS" in report
+    assert "(a) steady-state samples/s" in report and "peak RSS" in report and "(d) accuracy" in report
+    assert "1 process: OMP_NUM_THREADS=cores / OMP_NUM_THREADS=1, samples/s on (e) = " in report
     assert all(r["samples_per_s"] > 0 and r["first_step_s"] > 0 for r in results["runs"])
 
 

@@ -145,15 +145,11 @@ else
     fi
 fi
 
-if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
-    # torchrun would set 1; on CPU that wastes the cores, so share them out between the processes.
-    if ((RENDERED_GPUS_PER_NODE == 0)); then
-        cores="$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)"
-        export OMP_NUM_THREADS=$((cores / nproc > 0 ? cores / nproc : 1))
-    else
-        export OMP_NUM_THREADS=1
-    fi
-fi
+# One OpenMP thread per process unless the environment says otherwise: on a machine other jobs share, a
+# thread they deschedule stalls every parallel region of its process, many times slower than one thread
+# (the README's Speed section has the bench's numbers). On a machine of your own, more processes
+# (NPROC_PER_NODE) or OMP_NUM_THREADS=cores/processes may be faster.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 # glibc's malloc maps (and unmaps) every block over 128 KiB from the kernel until some large block is freed,
 # which then raises that bar; until then each step pays page faults for its activations, 10% of a small

@@ -4,6 +4,7 @@ gather_for_metrics), on the same work. ``torchrun ... accelerate_loop.py spec.js
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import common
 import torch
@@ -28,22 +29,16 @@ def main() -> None:
     model, optimizer, loader, val_loader, scheduler = accelerator.prepare(
         model, optimizer, loader, val_loader, scheduler
     )
-    timeline, step = common.Timeline(spec), 0
+    timeline, step = common.Timeline(spec, len(loader)), 0
     for _epoch in range(spec["epochs"]):
         model.train()
         for batch in loader:
             loss = common.training_loss(model, batch, spec["task"])
             accelerator.backward(loss)
             accelerator.clip_grad_norm_(model.parameters(), spec["max_grad_norm"])
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            common.optimizer_step(optimizer, scheduler)
             step += 1
-            timeline.step_done(step)
-            if common.evaluate_now(spec, step, len(loader)):
-                timeline.eval_start()
-                timeline.eval_done(step, evaluate(accelerator, model, val_loader, spec))
-                model.train()
+            timeline.step_done(step, partial(evaluate, accelerator, model, val_loader, spec))
     timeline.write()
     del model, optimizer, loader, val_loader, scheduler
     accelerator.free_memory()  # its references to the DDP wrapper, before end_training's group teardown
@@ -58,6 +53,7 @@ def evaluate(accelerator: Accelerator, model, loader: DataLoader, spec: dict) ->
         rows = common.evaluation_rows(model, batch, spec["task"])
         # gather_for_metrics drops the samples the sharded loader repeats to even out the last batch.
         totals += accelerator.gather_for_metrics(rows).sum(dim=0)
+    model.train()
     return common.metrics_from_sums(totals.tolist(), spec["task"])
 
 

@@ -15,6 +15,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -179,8 +180,20 @@ def evaluation_rows(model: nn.Module, batch: dict[str, torch.Tensor], task: str)
     return torch.stack([losses.double(), correct.double(), torch.ones_like(losses, dtype=torch.float64)], 1)
 
 
-def evaluation_sums(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -> torch.Tensor:
-    return evaluation_rows(model, batch, task).sum(dim=0)
+def local_sums(model: nn.Module, loader: Any, spec: dict[str, Any]) -> torch.Tensor:
+    """[loss sum, correct, count] over this rank's evaluation batches; leaves the model in eval mode."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64)
+    for batch in loader:
+        with autocast(spec):
+            sums += evaluation_rows(model, batch, spec["task"]).sum(dim=0)
+    return sums
+
+
+def optimizer_step(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def metrics_from_sums(sums: list[float], task: str) -> dict[str, float]:
@@ -195,12 +208,6 @@ def eval_shard(size: int, rank: int, world_size: int) -> list[int]:
     return list(range(rank, size, world_size))
 
 
-def evaluate_now(spec: dict[str, Any], step: int, steps_per_epoch: int) -> bool:
-    """At the end of each epoch, and every ``eval_every_steps`` if set: the generated project's schedule."""
-    every = spec["eval_every_steps"]
-    return step % steps_per_epoch == 0 or bool(every and step % every == 0)
-
-
 def finish() -> None:
     """Destroy the process group once nothing refers to the DDP wrapper any more: the other order can
     abort a rank at exit ("terminate called without an active exception")."""
@@ -212,14 +219,22 @@ def finish() -> None:
 class Timeline:
     """Wall-clock times of every optimizer step and evaluation; rank 0 writes them for the bench."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], steps_per_epoch: int = 0) -> None:
         self.path = Path(spec["timeline"])
+        self.eval_every = spec["eval_every_steps"]
+        self.steps_per_epoch = steps_per_epoch
         self.steps: list[tuple[int, float]] = []
         self.evals: list[dict[str, Any]] = []
         self.eval_started = 0.0
 
-    def step_done(self, step: int) -> None:
+    def step_done(self, step: int, evaluate: Callable[[], dict[str, float]] | None = None) -> None:
+        """Record the end of ``step``; then ``evaluate``, outside the step's time, where the generated
+        project's schedule does: at the end of each epoch, and every ``eval_every_steps`` if set."""
         self.steps.append((step, time.time()))
+        epoch_end = self.steps_per_epoch and step % self.steps_per_epoch == 0
+        if evaluate is not None and (epoch_end or (self.eval_every and step % self.eval_every == 0)):
+            self.eval_start()
+            self.eval_done(step, evaluate())
 
     def eval_start(self) -> None:
         self.eval_started = time.time()

@@ -4,6 +4,7 @@ clip_gradients), on the same work. ``torchrun ... fabric_loop.py spec.json``."""
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import common
 import torch
@@ -38,33 +39,25 @@ def main() -> None:
     model, optimizer = fabric.setup(model, optimizer)
     total_steps = len(loader) * spec["epochs"]
     scheduler = common.warmup_then_linear_decay(optimizer, total_steps, spec["warmup_ratio"])
-    timeline, step = common.Timeline(spec), 0
+    timeline, step = common.Timeline(spec, len(loader)), 0
     for _epoch in range(spec["epochs"]):
         model.train()
         for batch in loader:
             loss = common.training_loss(model, batch, spec["task"])
             fabric.backward(loss)
             fabric.clip_gradients(model, optimizer, max_norm=spec["max_grad_norm"])
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            common.optimizer_step(optimizer, scheduler)
             step += 1
-            timeline.step_done(step)
-            if common.evaluate_now(spec, step, len(loader)):
-                timeline.eval_start()
-                timeline.eval_done(step, evaluate(fabric, model, val_loader, spec))
-                model.train()
+            timeline.step_done(step, partial(evaluate, fabric, model, val_loader, spec))
     timeline.write()
     del model, optimizer
     common.finish()
 
 
 def evaluate(fabric: Fabric, model, loader: DataLoader, spec: dict) -> dict[str, float]:
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64)
-    for batch in loader:
-        sums += common.evaluation_sums(model, batch, spec["task"])
-    return common.metrics_from_sums(fabric.all_reduce(sums, reduce_op="sum").tolist(), spec["task"])
+    sums = fabric.all_reduce(common.local_sums(model, loader, spec), reduce_op="sum")
+    model.train()
+    return common.metrics_from_sums(sums.tolist(), spec["task"])
 
 
 if __name__ == "__main__":

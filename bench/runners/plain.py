@@ -4,6 +4,7 @@ schedule), on the same work as the generated project. ``torchrun ... plain.py sp
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import common
 import torch
@@ -35,7 +36,7 @@ def fit(spec: dict) -> None:
     optimizer = torch.optim.AdamW(common.param_groups(model.module, spec["weight_decay"]), lr=spec["lr"])
     total_steps = len(loader) * spec["epochs"]
     scheduler = common.warmup_then_linear_decay(optimizer, total_steps, spec["warmup_ratio"])
-    timeline, step = common.Timeline(spec), 0
+    timeline, step = common.Timeline(spec, len(loader)), 0
     for epoch in range(spec["epochs"]):
         sampler.set_epoch(epoch)
         model.train()
@@ -44,25 +45,16 @@ def fit(spec: dict) -> None:
                 loss = common.training_loss(model, batch, spec["task"])
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec["max_grad_norm"])
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            common.optimizer_step(optimizer, scheduler)
             step += 1
-            timeline.step_done(step)
-            if common.evaluate_now(spec, step, len(loader)):
-                timeline.eval_start()
-                timeline.eval_done(step, evaluate(model.module, val_loader, spec))
-                model.train()
+            timeline.step_done(step, partial(evaluate, model, val_loader, spec))
     timeline.write()
 
 
-def evaluate(model: torch.nn.Module, loader: DataLoader, spec: dict) -> dict[str, float]:
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64)
-    for batch in loader:
-        with common.autocast(spec):
-            sums += common.evaluation_sums(model, batch, spec["task"])
+def evaluate(model: DistributedDataParallel, loader: DataLoader, spec: dict) -> dict[str, float]:
+    sums = common.local_sums(model.module, loader, spec)  # the bare module: no DDP sync in evaluation
     dist.all_reduce(sums)
+    model.train()
     return common.metrics_from_sums(sums.tolist(), spec["task"])
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,14 +198,19 @@ def test_config_is_checked_before_torchrun_starts(fake_bin: Path) -> None:
     assert (fake_bin / "calls").read_text().splitlines() == [f"-m {PACKAGE} --check bad.key=1"]
 
 
-def test_omp_threads_are_set_for_the_processes(fake_bin: Path) -> None:
-    result = launch(fake_bin, NPROC_PER_NODE="2")
-    threads = int(result.stdout.splitlines()[-1].removeprefix("OMP="))
-    if RENDERED_GPUS == 0:
-        assert threads == max(1, (os.cpu_count() or 1) // 2)
-    else:
-        assert threads == 1
+def test_one_omp_thread_per_process_unless_the_environment_sets_it(fake_bin: Path) -> None:
+    for processes in ("1", "2"):
+        assert launch(fake_bin, NPROC_PER_NODE=processes).stdout.splitlines()[-1] == "OMP=1"
     assert launch(fake_bin, NPROC_PER_NODE="2", OMP_NUM_THREADS="5").stdout.splitlines()[-1] == "OMP=5"
+
+
+@pytest.mark.parametrize(("given", "threads"), [(None, "1"), ("3", "3")])
+def test_python_m_defaults_to_one_omp_thread_too(given: str | None, threads: str) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    env |= {"OMP_NUM_THREADS": given} if given else {}
+    code = f"import os, {PACKAGE}.__main__; print(os.environ['OMP_NUM_THREADS'])"
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == threads
 
 
 def test_malloc_starts_tuned_unless_the_environment_tunes_it(fake_bin: Path) -> None:

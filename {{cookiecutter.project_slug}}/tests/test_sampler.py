@@ -9,6 +9,7 @@ from {{ cookiecutter.package_name }}.distributed import DistEnv
 from {{ cookiecutter.package_name }}.sampling import (
     EvalBatches,
     ResumableDistributedSampler,
+    length_window,
 )
 
 CPU = torch.device("cpu")
@@ -140,10 +141,25 @@ def test_grouping_cuts_padding_and_keeps_the_order_random() -> None:
     assert means != sorted(means, reverse=True)  # batches are shuffled, not sorted longest first
 
 
-def test_the_longest_sample_of_the_epoch_comes_first() -> None:
-    lengths = LENGTHS[:996]  # 62 global batches of 16; 4 samples sit out
-    single = _grouped_shards(lengths, 1, 16)[0]
-    assert max(lengths[i] for i in single[:16]) == max(lengths[i] for i in single)
+def test_no_batch_is_put_first_the_early_lengths_stay_random() -> None:
+    """The longest batch is not forced to step 1 (the memory check runs it before training instead):
+    the first batch of an epoch is any of its batches."""
+    firsts = [max(LENGTHS[i] for i in _grouped_shards(LENGTHS, 1, 16, epoch)[0][:16]) for epoch in range(8)]
+    assert len(set(firsts)) > 4
+    assert min(firsts) < 0.8 * max(LENGTHS)
+
+
+def test_a_short_epoch_is_sorted_in_several_windows_not_in_one() -> None:
+    assert [length_window(batches) for batches in (1, 3, 12, 120, 200, 10_000)] == [1, 1, 3, 30, 50, 50]
+    lengths = LENGTHS[:192]  # 12 global batches of 16: windows of 3
+    spans = []
+    for epoch in range(4):
+        single = _grouped_shards(lengths, 1, 16, epoch)[0]
+        batches = [single[i : i + 16] for i in range(0, 192, 16)]
+        spans += [max(lengths[i] for i in batch) - min(lengths[i] for i in batch) for batch in batches]
+    one_sort = sorted(lengths, reverse=True)
+    sorted_spans = [one_sort[i] - one_sort[i + 15] for i in range(0, 192, 16)]
+    assert sum(spans) > 2 * sum(sorted_spans)  # more mixed than slices of one global sort
 
 
 def test_grouped_sampler_resumes_mid_epoch() -> None:

@@ -7,7 +7,11 @@ libraries are imported only after the checks, which keeps ``--check`` (launch.sh
 
 from __future__ import annotations
 
+import os
 import sys
+
+# One OpenMP thread per process, as launch.sh starts it, set before torch loads (see launch.sh).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from .config import ConfigError, load_config
 from .errors import report_error

@@ -11,9 +11,12 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 from .distributed import DistEnv
 from .task_spec import dataset_size
 
-# data.group_by_length sorts windows of this many global batches by length: long enough that a batch
-# rarely mixes short and long samples, short enough that the order stays random at the scale of an epoch.
+# data.group_by_length sorts windows of this many global batches by length, at most: long enough that a
+# batch rarely mixes short and long samples, short enough that the order stays random at the scale of an
+# epoch. An epoch has at least LENGTH_GROUP_WINDOWS windows, so a short run's batches are not slices of
+# one global sort (the transformers Trainer's group_by_length draws its megabatches the same way).
 LENGTH_GROUP_BATCHES = 50
+LENGTH_GROUP_WINDOWS = 4
 
 
 class ResumableDistributedSampler(DistributedSampler):
@@ -62,28 +65,31 @@ class ResumableDistributedSampler(DistributedSampler):
         return self.num_samples - self.skip
 
 
+def length_window(batches: int) -> int:
+    """Global batches per sorted window, for an epoch of ``batches`` global batches."""
+    return max(1, min(LENGTH_GROUP_BATCHES, batches // LENGTH_GROUP_WINDOWS))
+
+
 def group_by_length(
     order: torch.Tensor, lengths: torch.Tensor, global_batch: int, generator: torch.Generator
 ) -> torch.Tensor:
     """``order`` (whole global batches) rearranged into global batches of similar-length samples, the
     batches in random order.
 
-    Windows of LENGTH_GROUP_BATCHES global batches are sorted longest first and cut into global batches,
-    which are then shuffled. The batch holding the longest sample goes first: a batch that does not fit
-    in memory fails at step 1.
+    Consecutive windows of ``length_window`` global batches of the shuffled order are each sorted by
+    length and cut into global batches, which are then shuffled. No batch is put first: which lengths
+    come early stays random, as with random batches. A batch too large for memory still fails before
+    the first step: the trainer runs the largest one once (longest_batch.py).
     """
-    window = global_batch * LENGTH_GROUP_BATCHES
+    if not len(order):
+        return order
+    window = global_batch * length_window(len(order) // global_batch)
     pieces = []
     for start in range(0, len(order), window):
         chunk = order[start : start + window]
         pieces.append(chunk[torch.argsort(lengths[chunk], descending=True, stable=True)])
-    if not pieces:
-        return order
     batches = torch.cat(pieces).view(-1, global_batch)
-    batches = batches[torch.randperm(len(batches), generator=generator)]
-    longest = int(lengths[batches].max(dim=1).values.argmax())
-    batches[[0, longest]] = batches[[longest, 0]]
-    return batches.flatten()
+    return batches[torch.randperm(len(batches), generator=generator)].flatten()
 
 
 class EvalBatches(Sampler[list[int]]):

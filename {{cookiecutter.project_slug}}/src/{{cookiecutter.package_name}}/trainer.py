@@ -18,6 +18,7 @@ from .data import to_device
 from .distributed import DistEnv, all_reduce_sum, all_reduce_sum_cpu, barrier, broadcast_object
 from .evaluation import evaluate
 from .log import log
+from .longest_batch import try_longest_batch
 from .metrics import MetricsWriter
 from .model import compile_model, sync_state_buffers
 from .nonfinite import NonFiniteGuard
@@ -99,6 +100,7 @@ class Trainer:
             )
         outcome = "failed"
         try:
+            try_longest_batch(self.state, self.data, self.task, data.batch_size, self.env, self.precision)
             self.train_to_the_end()
             sync_state_buffers(self.state.model, self.env.world_size)
             if self.plan.val_loader is not None and self.last_eval.get("step") != self.state.progress.step:

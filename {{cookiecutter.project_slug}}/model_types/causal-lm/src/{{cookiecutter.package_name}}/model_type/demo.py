@@ -35,7 +35,7 @@ def write_split(path: Path, rng: random.Random, count: int) -> list[str]:
     return texts
 
 
-def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
+def build_tokenizer(corpus: list[str], max_length: int = 128) -> PreTrainedTokenizerFast:
     tokenizer = ByteLevelBPETokenizer()
     tokenizer.train_from_iterator(
         corpus, vocab_size=400, min_frequency=1, special_tokens=[END], show_progress=False
@@ -45,8 +45,27 @@ def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
         bos_token=END,
         eos_token=END,
         unk_token=END,
-        model_max_length=128,
+        model_max_length=max_length,
     )
+
+
+def save_tiny_gpt2(
+    tokenizer: PreTrainedTokenizerFast, directory: Path, hidden: int, layers: int, heads: int
+) -> None:
+    """A GPT-2 of ``hidden`` units in ``layers`` layers of ``heads`` heads for ``tokenizer``, saved with
+    it; seeded, so the demo's result does not hang on a lucky draw."""
+    config = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_positions=tokenizer.model_max_length,
+        n_embd=hidden,
+        n_layer=layers,
+        n_head=heads,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(0)
+    GPT2LMHeadModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
 
 
 def build(directory: Path) -> list[str]:
@@ -55,20 +74,8 @@ def build(directory: Path) -> list[str]:
     rng = random.Random(0)
     corpus = write_split(directory / "train.jsonl", rng, 400)
     corpus += write_split(directory / "val.jsonl", rng, 41)
-    tokenizer = build_tokenizer(corpus)
-    config = GPT2Config(
-        vocab_size=len(tokenizer),
-        n_positions=128,
-        n_embd=32,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
     model_dir = directory / "model"
-    torch.manual_seed(0)  # a seeded initialisation: the demo result does not hang on a lucky draw
-    GPT2LMHeadModel(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    save_tiny_gpt2(build_tokenizer(corpus), model_dir, hidden=32, layers=2, heads=2)
     return [
         f"model.pretrained={model_dir}",
         f"data.train_file={directory / 'train.jsonl'}",

@@ -41,9 +41,10 @@ def write_split(path: Path, rng: random.Random, count: int) -> list[str]:
     return texts
 
 
-def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
+def build_tokenizer(corpus: list[str], max_length: int = 128) -> PreTrainedTokenizerFast:
     """A WordPiece tokenizer whose vocabulary is every word of the corpus, in sorted order, plus single
-    characters for anything else: the same ids on every build (a trained vocabulary's are not)."""
+    characters for anything else: the same ids on every build (a trained vocabulary's are not), and
+    each word of the corpus one token (the template's bench builds its fixed-length texts on that)."""
     normalizer, pre_tokenizer = normalizers.BertNormalizer(lowercase=True), pre_tokenizers.BertPreTokenizer()
     words = {
         word for text in corpus for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text))
@@ -63,8 +64,27 @@ def build_tokenizer(corpus: list[str]) -> PreTrainedTokenizerFast:
         cls_token="[CLS]",
         sep_token="[SEP]",
         mask_token="[MASK]",
-        model_max_length=128,
+        model_max_length=max_length,
     )
+
+
+def save_tiny_bert(
+    tokenizer: PreTrainedTokenizerFast, directory: Path, hidden: int, layers: int, intermediate: int
+) -> None:
+    """A BERT of ``hidden`` units in ``layers`` layers for ``tokenizer``, saved with it; seeded, so the
+    demo's result does not hang on a lucky draw."""
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 32),
+        intermediate_size=intermediate,
+        max_position_embeddings=tokenizer.model_max_length,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    BertForMaskedLM(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
 
 
 def build(directory: Path) -> list[str]:
@@ -73,20 +93,8 @@ def build(directory: Path) -> list[str]:
     rng = random.Random(0)
     corpus = write_split(directory / "train.jsonl", rng, 600)
     corpus += write_split(directory / "val.jsonl", rng, 101)  # not a multiple of the world size
-    tokenizer = build_tokenizer(corpus)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=128,
-        pad_token_id=tokenizer.pad_token_id,
-    )
     model_dir = directory / "model"
-    torch.manual_seed(0)  # a seeded initialisation: the demo result does not hang on a lucky draw
-    BertForMaskedLM(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    save_tiny_bert(build_tokenizer(corpus), model_dir, hidden=64, layers=2, intermediate=128)
     return [
         f"model.pretrained={model_dir}",
         f"data.train_file={directory / 'train.jsonl'}",

@@ -1,0 +1,75 @@
+"""Which template commit a results table measured, and whether that code is still the code of HEAD.
+
+A table is only evidence for the code it ran: the bench's own code, the generated project's training
+loop, data and sampling code, the launch script, and the demos the bench builds its checkpoints with.
+It names the commit it ran on ("+dirty" when any of that code had uncommitted changes), and
+tests/test_bench.py fails once any of it changes after that commit.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+_PROJECT = "{{cookiecutter.project_slug}}"
+_PACKAGE = f"{_PROJECT}/src/{{{{cookiecutter.package_name}}}}"
+MEASURED_CODE = [
+    "bench/*.py",
+    "bench/runners/*.py",
+    "bench/run.sh",
+    f"{_PROJECT}/launch.sh",
+    *(
+        f"{_PACKAGE}/{name}.py"
+        for name in (
+            "trainer",
+            "longest_batch",
+            "data",
+            "sampling",
+            "batch_plan",
+            "setup",
+            "model",
+            "precision",
+            "optim",
+        )
+    ),
+    *(
+        f"{_PROJECT}/model_types/*/src/*/model_type/{name}"
+        for name in ("task.py", "defaults.yaml", "demo.py")
+    ),
+]
+COMMIT_LINE = re.compile(r"Template commit ([0-9a-f]{7,40})(\+dirty)?\.")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def _pathspecs() -> list[str]:
+    return [f":(glob){pattern}" for pattern in MEASURED_CODE]
+
+
+def current_commit() -> str:
+    """HEAD's short hash, with "+dirty" when the measured code has uncommitted changes; "unknown"
+    outside a git checkout."""
+    head = _git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    dirty = _git("status", "--porcelain", "--", *_pathspecs()).stdout.strip()
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def changed_since(commit: str) -> list[str]:
+    """The measured files that differ between ``commit`` and the working tree (tracked or not)."""
+    diff = _git("diff", "--name-only", commit, "--", *_pathspecs())
+    if diff.returncode != 0:
+        raise ValueError(f"commit {commit} is not in this checkout's history: {diff.stderr.strip()}")
+    untracked = _git("ls-files", "--others", "--exclude-standard", "--", *_pathspecs()).stdout
+    return sorted(set(diff.stdout.split()) | set(untracked.split()))
+
+
+def named_commit(table: str) -> tuple[str, bool] | None:
+    """(commit, dirty) a results table names, or None when it names none."""
+    found = COMMIT_LINE.search(table)
+    return None if found is None else (found[1], bool(found[2]))

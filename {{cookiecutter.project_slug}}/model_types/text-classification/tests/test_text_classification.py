@@ -24,6 +24,7 @@ def _write(path: Path, rows: list[object]) -> str:
 
 def _data(demo: tuple[Path, list[str]], tmp_path: Path, train: list[object], val: list[object] | None = None):
     directory, _ = demo
+    tmp_path.mkdir(parents=True, exist_ok=True)
     overrides = [
         f"model.pretrained={directory / 'model'}",
         f"data.train_file={_write(tmp_path / 'train.jsonl', train)}",
@@ -106,9 +107,124 @@ def test_batches_are_padded_to_their_own_longest_sample() -> None:
     assert batch["labels"].tolist() == [1, 0]
 
 
-def test_tokenization_is_cached_for_the_other_ranks(demo, tmp_path: Path) -> None:
-    _data(demo, tmp_path, [{"text": "a b", "label": "x"}])
-    assert len(list((tmp_path / "out" / "cache").glob("text-classification-*.pt"))) == 1
+def _config(demo, tmp_path: Path, *overrides: str):
+    return load_config(
+        [
+            f"model.pretrained={demo[0] / 'model'}",
+            f"output_dir={tmp_path / 'out'}",
+            *ON_THIS_MACHINE,
+            *overrides,
+        ]
+    )
+
+
+def _samples(dataset) -> list[tuple[list[int], int]]:
+    return [(ids.tolist(), label) for ids, label in dataset]
+
+
+def test_a_rerun_reads_the_tokenized_data_back_without_tokenizing(demo, tmp_path: Path, monkeypatch) -> None:
+    directory, _ = demo
+    files = [f"data.train_file={directory / 'train.jsonl'}", f"data.val_file={directory / 'val.jsonl'}"]
+    first = task.build_data(_config(demo, tmp_path, *files), ENV)
+    (folder,) = (tmp_path / "out" / "cache").glob("text-classification-*")
+    assert {path.suffix for path in folder.iterdir()} == {".arrow", ".json"}  # data only: nothing unpickled
+
+    def no_tokenizing(self, batch):
+        raise AssertionError("tokenized again")
+
+    monkeypatch.setattr(task.Tokenize, "__call__", no_tokenizing)
+    again = task.build_data(_config(demo, tmp_path, *files), ENV)
+    assert _samples(again.train) == _samples(first.train) and _samples(again.val) == _samples(first.val)
+    assert again.label_names == first.label_names and torch.equal(again.train_lengths, first.train_lengths)
+    with pytest.raises(AssertionError, match="tokenized again"):  # other settings: other tokens
+        task.build_data(_config(demo, tmp_path, *files, "data.max_length=8"), ENV)
+
+
+def test_tokenizing_in_several_processes_gives_what_one_gives(demo, tmp_path: Path) -> None:
+    directory, _ = demo
+    files = [f"data.train_file={directory / 'train.jsonl'}", f"data.val_file={directory / 'val.jsonl'}"]
+    one = task.build_data(_config(demo, tmp_path / "one", *files, "data.preprocessing_processes=1"), ENV)
+    two = task.build_data(_config(demo, tmp_path / "two", *files, "data.preprocessing_processes=2"), ENV)
+    (folder,) = (tmp_path / "two" / "out" / "cache").glob("text-classification-*")
+    assert len(list(folder.glob("train_*_of_00002.arrow"))) == 2
+    assert _samples(two.train) == _samples(one.train) and _samples(two.val) == _samples(one.val)
+    lengths = [len(ids) for ids, _ in one.train]
+    assert one.train_lengths.tolist() == lengths and lengths == two.train_lengths.tolist()
+
+
+def _demo_rows(demo) -> list[dict]:
+    lines = (demo[0] / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines[:40]]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet", ".json"])
+def test_csv_parquet_and_json_files_read_like_json_lines(demo, tmp_path: Path, suffix: str) -> None:
+    import pandas as pd
+
+    rows = _demo_rows(demo)
+    reference = _data(demo, tmp_path / "jsonl", rows, rows[:10])
+    frame, val = pd.DataFrame(rows), pd.DataFrame(rows[:10])
+    paths = [tmp_path / f"train{suffix}", tmp_path / f"val{suffix}"]
+    for table, path in zip([frame, val], paths, strict=True):
+        if suffix == ".json":  # one JSON array, not lines
+            table.to_json(path, orient="records")
+        else:
+            {".csv": table.to_csv, ".parquet": table.to_parquet}[suffix](path, index=False)
+    data = task.build_data(
+        _config(demo, tmp_path / "other", f"data.train_file={paths[0]}", f"data.val_file={paths[1]}"), ENV
+    )
+    assert data.label_names == reference.label_names
+    assert _samples(data.train) == _samples(reference.train) and _samples(data.val) == _samples(reference.val)
+
+
+def test_a_hub_dataset_folder_with_other_column_names(demo, tmp_path: Path) -> None:
+    import datasets
+
+    rows = _demo_rows(demo)
+    reference = _data(demo, tmp_path / "jsonl", rows, rows[:10])
+    renamed = {
+        name: datasets.Dataset.from_list([{"sentence": r["text"], "sentiment": r["label"]} for r in part])
+        for name, part in (("train", rows), ("test", rows[:10]))
+    }
+    datasets.DatasetDict(renamed).save_to_disk(tmp_path / "saved")
+    (tmp_path / "files").mkdir()
+    for name, split in renamed.items():  # a folder of data files: splits named by file, as on the hub
+        split.to_csv(tmp_path / "files" / f"{name}.csv", index=False)
+    for folder in ("saved", "files"):
+        overrides = [f"data.hub_dataset={tmp_path / folder}", "data.val_split=test"]
+        fields = ["data.text_field=sentence", "data.label_field=sentiment"]
+        data = task.build_data(_config(demo, tmp_path / folder / "run", *overrides, *fields), ENV)
+        assert data.label_names == reference.label_names, folder
+        assert _samples(data.train) == _samples(reference.train), folder
+        assert _samples(data.val) == _samples(reference.val), folder
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.text_field=body"], "[train]: row 1: missing field 'body'"),
+        (["data.val_split=validation"], "has no split 'validation' (it has: train)"),
+        (["data.hub_dataset=no/such-dataset"], "data.hub_dataset='no/such-dataset': cannot load it"),
+    ],
+)
+def test_a_hub_dataset_that_does_not_fit_is_named(demo, tmp_path: Path, overrides, message: str) -> None:
+    import datasets
+
+    datasets.Dataset.from_list(_demo_rows(demo)).save_to_disk(tmp_path / "saved")
+    config = _config(demo, tmp_path, f"data.hub_dataset={tmp_path / 'saved'}", "data.val_split=", *overrides)
+    with pytest.raises(DataError) as error:
+        task.build_data(config, ENV)
+    assert message in str(error.value)
+
+
+def test_bad_csv_rows_are_named_by_row(demo, tmp_path: Path) -> None:
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\ngood,a\n,b\n")
+    with pytest.raises(DataError, match=r"train\.csv: row 2: missing field 'text'"):
+        task.build_data(_config(demo, tmp_path, f"data.train_file={train}", "data.val_file="), ENV)
+    train.write_text("text,label\ngood,1\nbad,x,y\n")
+    with pytest.raises(DataError, match=r"train\.csv: not readable as CSV \(Error tokenizing data.*line 3"):
+        task.build_data(_config(demo, tmp_path, f"data.train_file={train}", "data.val_file="), ENV)
 
 
 @pytest.mark.slow

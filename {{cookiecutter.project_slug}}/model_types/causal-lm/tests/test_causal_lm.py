@@ -101,6 +101,32 @@ def test_documents_are_separated_by_end_of_text(demo, tmp_path: Path) -> None:
     assert (stream == eos).sum() >= 2
 
 
+def test_parquet_and_a_hub_dataset_folder_pack_like_json_lines(demo, tmp_path: Path) -> None:
+    import pandas as pd
+
+    reference = task.build_data(_config(demo, tmp_path / "jsonl"), ENV)
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    for split, name in (("train", "train"), ("val", "test")):
+        frame = pd.read_json(demo[0] / f"{split}.jsonl", lines=True).rename(columns={"text": "body"})
+        frame.to_parquet(folder / f"{name}.parquet", index=False)
+    config = _config(demo, tmp_path / "parquet", None, None, "data.text_field=body")
+    config.data.train_file, config.data.val_file = str(folder / "train.parquet"), str(folder / "test.parquet")
+    hub = _config(
+        demo,
+        tmp_path / "hub",
+        None,
+        None,
+        f"data.hub_dataset={folder}",
+        "data.val_split=test",
+        "data.text_field=body",
+    )
+    for data in (task.build_data(config, ENV), task.build_data(hub, ENV)):
+        for split in ("train", "val"):
+            blocks = [block.tolist() for block in getattr(data, split)]
+            assert blocks == [block.tolist() for block in getattr(reference, split)], split
+
+
 class UniformModel(torch.nn.Module):
     """Predicts every token with equal probability; only the counting matters here."""
 

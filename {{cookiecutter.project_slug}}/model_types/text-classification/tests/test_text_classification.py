@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import METRIC, ON_THIS_MACHINE, read_metrics, run_launch
+from conftest import METRIC, ON_THIS_MACHINE, PACKAGE, PROJECT, read_metrics, run_launch
 
+from {{ cookiecutter.package_name }} import data_cache
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.data import DataError
 from {{ cookiecutter.package_name }}.distributed import DistEnv
@@ -227,6 +229,39 @@ def test_bad_csv_rows_are_named_by_row(demo, tmp_path: Path) -> None:
         task.build_data(_config(demo, tmp_path, f"data.train_file={train}", "data.val_file="), ENV)
 
 
+def test_a_node_that_does_not_see_rank_0s_files_builds_its_own_cache() -> None:
+    seen = [("n0", True), ("n0", True), ("n1", False), ("n1", False), ("n2", True), ("n2", True)]
+    assert data_cache.builders_by_rank(seen) == [0, 0, 2, 2, 0, 0]
+
+
+class FakeClock:
+    """Each poll of the store takes 25 s."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += 25
+
+
+def test_a_waiting_rank_logs_a_line_every_minute(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(data_cache, "time", FakeClock())
+    polls = iter([False] * 6 + [True])  # ready after 150 s
+    with caplog.at_level("WARNING"):
+        data_cache.wait_for(lambda: next(polls), builder=0, reporting=True)
+    assert [record.getMessage() for record in caplog.records] == [
+        "waiting for rank 0 to preprocess the data: 1 min so far",
+        "waiting for rank 0 to preprocess the data: 2 min so far",
+    ]
+    polls = iter([False] * 6 + [True])
+    caplog.clear()
+    data_cache.wait_for(lambda: next(polls), builder=0, reporting=False)  # the other waiting ranks
+    assert not caplog.records
+
+
 @pytest.mark.slow
 def test_final_model_loads_with_auto_classes_and_keeps_label_names(trained: Path) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -249,3 +284,71 @@ def test_a_corrupt_line_ends_launch_in_one_line_naming_it(demo, tmp_path: Path) 
     errors = [line for line in result.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and errors[0].startswith(f"error: {bad}:31: not valid JSON"), errors
     assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+# Loaded into every training process (sitecustomize runs at start-up): the rank that preprocesses takes
+# SECONDS longer, for real, before it publishes the cache; the others wait as they would for a big data set.
+SLOW_PREPROCESSING = """
+import os, sys, time
+if "LOCAL_RANK" in os.environ:
+    from %(package)s import data_cache
+
+    build = data_cache.build_or_open
+
+    def slow_build(recipe, root):
+        time.sleep(%(seconds)d)
+        print("rank", os.environ["RANK"], "preprocessed %(seconds)d s longer", file=sys.stderr, flush=True)
+        return build(recipe, root)
+
+    data_cache.build_or_open = slow_build
+"""
+
+
+@pytest.mark.slow
+def test_preprocessing_longer_than_the_collective_timeout_trains(demo, tmp_path: Path) -> None:
+    """The other ranks wait on the store, in no collective, so distributed.timeout_s does not apply."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SLOW_PREPROCESSING % {"package": PACKAGE, "seconds": 45})
+    output_dir = tmp_path / "out"
+    overrides = [*demo[1], f"output_dir={output_dir}", "distributed.timeout_s=30", "train.max_steps=2"]
+    result = run_launch(overrides, PYTHONPATH=f"{hook}{os.pathsep}{PROJECT / 'src'}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "rank 0 preprocessed 45 s longer" in result.stderr  # the one rank that builds: the slow one
+    assert "rank 1 preprocessed" not in result.stderr
+    assert [r["step"] for r in read_metrics(output_dir) if "loss" in r] == [1, 2]
+
+
+@pytest.mark.slow
+def test_csv_and_parquet_train_and_a_rerun_does_not_tokenize_again(demo, tmp_path: Path) -> None:
+    import pandas as pd
+
+    for split, suffix in (("train", "csv"), ("val", "parquet")):
+        frame = pd.read_json(demo[0] / f"{split}.jsonl", lines=True)
+        getattr(frame, f"to_{suffix}")(tmp_path / f"{split}.{suffix}", index=False)
+    output_dir = tmp_path / "out"
+    files = [f"data.train_file={tmp_path / 'train.csv'}", f"data.val_file={tmp_path / 'val.parquet'}"]
+    run = [*demo[1], *files, f"output_dir={output_dir}", "train.max_steps=2"]
+    first = run_launch(run)
+    assert first.returncode == 0, first.stderr[-4000:]
+    assert "tokenized" in first.stderr
+    again = run_launch([*run, "checkpoint.start_over=true"])  # a new process reads the cache back
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert "tokenized" not in again.stderr and "from an earlier run" in again.stderr
+    assert [r["step"] for r in read_metrics(output_dir) if "loss" in r] == [1, 2]
+    assert METRIC in read_metrics(output_dir)[-1]
+
+
+@pytest.mark.slow
+def test_a_local_hub_dataset_folder_trains(demo, tmp_path: Path) -> None:
+    """A folder of data files is read by load_dataset, the code path of a hub id (tests have no network)."""
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    for split, name in (("train", "train"), ("val", "validation")):  # splits named by file, as on the hub
+        (folder / f"{name}.jsonl").write_bytes((demo[0] / f"{split}.jsonl").read_bytes())
+    output_dir = tmp_path / "out"
+    missing = tmp_path / "nowhere.jsonl"  # not read: data.hub_dataset replaces the files
+    run = [*demo[1], f"data.hub_dataset={folder}", f"data.train_file={missing}", f"output_dir={output_dir}"]
+    result = run_launch([*run, "train.max_steps=2"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert METRIC in read_metrics(output_dir)[-1]

@@ -164,7 +164,7 @@ def build_or_open(recipe: Recipe, root: Path) -> Prepared:
     partial = root / f".{folder.name}.partial-{uuid.uuid4().hex}"
     partial.mkdir(parents=True)
     started = time.monotonic()
-    log.info(f"preprocessing the data into {folder}; the other ranks wait for it")
+    log.info(f"preprocessing the data once, into {folder}")
     try:
         splits, meta = recipe.build(partial)
         write_manifest(partial, splits, meta)

@@ -11,7 +11,7 @@ import torch
 from conftest import METRIC, ON_THIS_MACHINE, PACKAGE, PROJECT, read_metrics, run_launch
 
 from {{ cookiecutter.package_name }} import data_cache
-from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.data import DataError
 from {{ cookiecutter.package_name }}.distributed import DistEnv
 from {{ cookiecutter.package_name }}.model_type import task
@@ -227,6 +227,18 @@ def test_bad_csv_rows_are_named_by_row(demo, tmp_path: Path) -> None:
     train.write_text("text,label\ngood,1\nbad,x,y\n")
     with pytest.raises(DataError, match=r"train\.csv: not readable as CSV \(Error tokenizing data.*line 3"):
         task.build_data(_config(demo, tmp_path, f"data.train_file={train}", "data.val_file="), ENV)
+
+
+def test_the_pre_checks_leave_a_hub_dataset_to_the_run(demo, tmp_path: Path) -> None:
+    from {{ cookiecutter.package_name }} import doctor, preflight
+
+    missing = tmp_path / "nowhere.jsonl"  # not read with data.hub_dataset
+    config = _config(demo, tmp_path, "data.hub_dataset=some/dataset", f"data.train_file={missing}")
+    preflight.check(config)
+    assert [status for status, _ in doctor.data_files(config)] == [doctor.OK]
+    config.data.hub_dataset = ""
+    with pytest.raises(ConfigError, match=r"data\.train_file=.* does not exist"):
+        preflight.check(config)
 
 
 def test_a_node_that_does_not_see_rank_0s_files_builds_its_own_cache() -> None:

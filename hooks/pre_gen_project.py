@@ -33,22 +33,23 @@ MAX_GPUS_PER_NODE = 64
 # this covers the dependency closure installed in the test environment.
 DEPENDENCY_NAMES = frozenset(
     """
-    _cffi_backend _distutils_hack _pytest _xxhash _yaml absl absl_py accelerate alembic annotated_doc
-    annotated_types anyio ast_serialize cachetools certifi cffi charset_normalizer click cloudpickle
-    colorama contourpy coreweave_evaluations cryptography cwevals cycler databricks databricks_sdk
-    datasets dateutil distro dotenv fastapi filelock fonttools fsspec functorch git gitdb gitpython google
-    google_auth googleapis_common_protos grpc grpcio h11 hf_xet httpcore httpcore2 httpx httpx2
-    huggingface_hub idna importlib_metadata iniconfig isympy jinja2 kiwisolver lazy_importer librt mako
-    markdown markdown_it markdown_it_py markupsafe matplotlib mdurl mlflow mlflow_skinny mpl_toolkits
-    mpmath multipart mypy mypy_extensions mypyc networkx numpy omegaconf opentelemetry opentelemetry_api
-    opentelemetry_exporter_http_transport opentelemetry_exporter_otlp_common
-    opentelemetry_exporter_otlp_proto_common opentelemetry_exporter_otlp_proto_http opentelemetry_proto
-    opentelemetry_sdk opentelemetry_semantic_conventions packaging pathspec peft pil pillow platformdirs
-    pluggy protobuf py pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments pylab pyparsing
+    _cffi_backend _distutils_hack _multiprocess _pytest _xxhash _yaml absl absl_py accelerate alembic
+    annotated_doc annotated_types anyio ast_serialize cachetools certifi cffi charset_normalizer click
+    cloudpickle colorama contourpy coreweave_evaluations cryptography cwevals cycler databricks
+    databricks_sdk datasets dateutil dill distro dotenv fastapi filelock fonttools fsspec functorch git
+    gitdb gitpython google google_auth googleapis_common_protos grpc grpcio h11 hf_xet httpcore
+    httpcore2 httpx httpx2 huggingface_hub idna importlib_metadata iniconfig isympy jinja2 kiwisolver
+    lazy_importer librt mako markdown markdown_it markdown_it_py markupsafe matplotlib mdurl mlflow
+    mlflow_skinny mpl_toolkits mpmath multipart multiprocess mypy mypy_extensions mypyc networkx numpy
+    omegaconf opentelemetry opentelemetry_api opentelemetry_exporter_http_transport
+    opentelemetry_exporter_otlp_common opentelemetry_exporter_otlp_proto_common
+    opentelemetry_exporter_otlp_proto_http opentelemetry_proto opentelemetry_sdk
+    opentelemetry_semantic_conventions packaging pandas pathspec peft pil pillow platformdirs pluggy
+    protobuf py pyarrow pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments pylab pyparsing
     pytest python_dateutil python_dotenv python_multipart pyyaml regex requests rich ruff safetensors
     setuptools shellingham smmap sniffio sqlalchemy sqlparse starlette sympy tensorboard
-    tensorboard_data_server tokenizers torch torchgen tqdm transformers truststore typer typing_extensions
-    typing_inspection tzdata urllib3 uvicorn wandb werkzeug xxhash yaml zipp
+    tensorboard_data_server tokenizers torch torchgen tqdm transformers truststore typer
+    typing_extensions typing_inspection tzdata urllib3 uvicorn wandb werkzeug xxhash yaml zipp
     """.split()  # noqa: SIM905 (a block of words reads better than quoted strings)
 )
 # The PyTorchJob's name (__kubernetes_name: the slug in lower case, '-' for '_', cut to 48 characters)

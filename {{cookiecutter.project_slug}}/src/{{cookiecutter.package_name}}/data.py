@@ -1,12 +1,13 @@
-"""Data plumbing shared by every model type: loaders, JSON Lines reading, the preprocessing cache."""
+"""Data plumbing shared by every model type: the data error, loaders, and naming a bad JSON Lines line.
+
+Reading data and the preprocessing cache are in data_sources.py and data_cache.py.
+"""
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .config import Config
-from .distributed import DistEnv, main_process_first
+from .distributed import DistEnv
 from .task_spec import Batch, TaskData
 
 
@@ -47,7 +48,8 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
 
 
 def iter_jsonl(path: str | Path, required: Sequence[str]) -> Iterator[dict[str, Any]]:
-    """JSON Lines records one at a time, naming the file and line of the first bad record."""
+    """JSON Lines records one at a time, naming the file and line of the first bad record (the reader
+    of data_sources.py scans a file with it where Arrow's JSON reader refuses it)."""
     found = False
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
@@ -74,48 +76,3 @@ def iter_jsonl(path: str | Path, required: Sequence[str]) -> Iterator[dict[str, 
             yield row
     if not found:
         raise DataError(f"{path}: no records; the file is empty")
-
-
-def read_jsonl(path: str | Path, required: Sequence[str]) -> list[dict[str, Any]]:
-    return list(iter_jsonl(path, required))
-
-
-def chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    """Lists of ``size`` items (the last one shorter): tokenize a big file without holding it whole."""
-    iterator = iter(items)
-    while chunk := list(itertools.islice(iterator, size)):
-        yield chunk
-
-
-def fingerprint(*parts: Any) -> str:
-    """A cache key from files (path, size, mtime) and plain values."""
-    digest = hashlib.sha256()
-    for part in parts:
-        if isinstance(part, Path) and part.exists():
-            stat = part.stat()
-            part = (str(part.resolve()), stat.st_size, stat.st_mtime_ns)
-        digest.update(repr(part).encode())
-    return digest.hexdigest()[:16]
-
-
-def cached(cache_file: Path, build: Callable[[], Any], env: DistEnv, safe_types: Sequence[type] = ()) -> Any:
-    """Build once on rank 0 and share through a file; the other ranks load it instead of rebuilding.
-
-    Without a shared filesystem (multi-node) a rank that does not see the file builds it itself. The
-    file is read with ``weights_only=True``: tensors, plain values and the dataset classes named in
-    ``safe_types`` only, so a file planted in ``output_dir`` cannot run code; it is rebuilt instead.
-    """
-    with main_process_first(env):
-        if cache_file.exists():
-            try:
-                with torch.serialization.safe_globals(list(safe_types)):
-                    return torch.load(cache_file, map_location="cpu", weights_only=True)
-            except Exception:  # a torn, stale or foreign cache is rebuilt, never trusted
-                pass
-        value = build()
-        if env.is_main:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            partial = cache_file.with_suffix(".partial")
-            torch.save(value, partial)
-            os.replace(partial, cache_file)
-        return value

@@ -139,6 +139,17 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def control_store() -> dist.Store | None:
+    """The process group's key-value store (this restart attempt's own, see above), or None alone.
+
+    For waits that may last longer than ``distributed.timeout_s`` (preprocessing): polling a key is no
+    collective, so the process group's timeout does not end it.
+    """
+    if not is_distributed():
+        return None
+    return dist.distributed_c10d._get_default_store()
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()

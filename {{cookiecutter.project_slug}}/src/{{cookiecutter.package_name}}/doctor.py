@@ -220,6 +220,10 @@ def data_files(config: Config) -> Iterator[Line]:
     except ConfigError as error:
         yield config_problem(error)
         return
+    hub = getattr(config.data, "hub_dataset", "")  # the Hugging Face types' key
+    if hub:  # it replaces the two files; a hub id is no path, checked when the run loads it
+        yield OK, f"data.hub_dataset={hub}: loaded when the run starts (data.train_file/val_file not read)"
+        return
     for key, value in (("data.train_file", config.data.train_file), ("data.val_file", config.data.val_file)):
         yield readable(key, value, config)
 

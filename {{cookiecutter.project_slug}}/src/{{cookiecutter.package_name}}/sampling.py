@@ -34,7 +34,7 @@ class ResumableDistributedSampler(DistributedSampler):
         env: DistEnv,
         seed: int,
         global_batch: int,
-        lengths: Sequence[int] | None = None,
+        lengths: Sequence[int] | torch.Tensor | None = None,
     ) -> None:
         super().__init__(dataset, num_replicas=env.world_size, rank=env.rank, shuffle=True, seed=seed)
         if global_batch < 1 or global_batch % env.world_size:
@@ -102,7 +102,7 @@ class EvalBatches(Sampler[list[int]]):
     """
 
     def __init__(
-        self, size: int, batch_size: int, env: DistEnv, lengths: Sequence[int] | None = None
+        self, size: int, batch_size: int, env: DistEnv, lengths: Sequence[int] | torch.Tensor | None = None
     ) -> None:
         order = list(range(size))
         if lengths is not None:

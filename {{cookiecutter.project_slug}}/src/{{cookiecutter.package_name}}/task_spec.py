@@ -60,8 +60,8 @@ class TaskData:
     # tokens_per_s and mfu in metrics.jsonl count these.
     count_tokens: Callable[[Batch], int] = count_samples
     # Sample lengths, to batch samples of similar length together (less padding); None: random batches.
-    train_lengths: Sequence[int] | None = None
-    val_lengths: Sequence[int] | None = None
+    train_lengths: Sequence[int] | torch.Tensor | None = None
+    val_lengths: Sequence[int] | torch.Tensor | None = None
     # True when __getitem__ draws augmentations from the DataLoader workers' seed, which is new each
     # epoch only if the workers are: such data gets no persistent workers.
     reseeds_workers: bool = False

@@ -48,14 +48,36 @@ def _config(demo, tmp_path: Path, train: list[object] | None = None, val: list[o
 
 
 def test_blocks_overlap_by_one_so_every_token_is_a_target_once() -> None:
-    stream = torch.arange(20)
-    blocks = list(task.BlockDataset(stream, size=6, keep_partial=True))
-    targets = torch.cat([block[1:] for block in blocks])
-    assert targets.tolist() == list(range(1, 20))
-    assert [len(block) for block in blocks] == [6, 6, 6, 5]
-    assert [len(block) for block in task.BlockDataset(stream, size=6, keep_partial=False)] == [6, 6, 6]
-    assert len(task.BlockDataset(torch.arange(16), size=6, keep_partial=True)) == 3  # 0-5, 5-10, 10-15
-    assert len(task.BlockDataset(torch.arange(5), size=6, keep_partial=False)) == 0
+    assert task.block_count(20, size=6, keep_partial=True) == 4  # 0-5, 5-10, 10-15, 15-19
+    assert task.block_count(20, size=6, keep_partial=False) == 3
+    assert task.block_count(16, size=6, keep_partial=True) == 3  # 0-5, 5-10, 10-15
+    assert task.block_count(5, size=6, keep_partial=False) == 0
+    assert task.block_count(1, size=6, keep_partial=True) == 0
+
+
+def _cut_whole_stream(texts: list[str], tokenizer, size: int, keep_partial: bool) -> list[list[int]]:
+    """Packing as one pass over the whole token stream: what the batched, parallel map must equal."""
+    stream = []
+    for text in texts:
+        stream += [*tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id]
+    starts = range(0, len(stream), size - 1)
+    if keep_partial:
+        return [stream[start : start + size] for start in starts if start + 1 < len(stream)]
+    return [stream[start : start + size] for start in starts if start + size <= len(stream)]
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_packing_in_batches_and_processes_equals_cutting_the_whole_stream(
+    demo, tmp_path: Path, monkeypatch, processes: int
+) -> None:
+    monkeypatch.setattr(task, "PACK_BATCH", 3)  # many batches, blocks spanning documents and batches
+    config = _config(demo, tmp_path, None, None, f"data.preprocessing_processes={processes}")
+    data = task.build_data(config, ENV)
+    for split, dataset, keep_partial in (("train", data.train, False), ("val", data.val, True)):
+        lines = (demo[0] / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
+        texts = [json.loads(line)["text"] for line in lines]
+        expected = _cut_whole_stream(texts, data.preprocessor, 16, keep_partial)
+        assert [block.tolist() for block in dataset] == expected, split
 
 
 def test_tokenizer_without_pad_token_pads_with_end_of_text(demo, tmp_path: Path) -> None:
@@ -78,6 +100,32 @@ def test_documents_are_separated_by_end_of_text(demo, tmp_path: Path) -> None:
     eos = data.preprocessor.eos_token_id
     stream = torch.cat([data.train[0][:1], *[block[1:] for block in data.train]])
     assert (stream == eos).sum() >= 2
+
+
+def test_parquet_and_a_hub_dataset_folder_pack_like_json_lines(demo, tmp_path: Path) -> None:
+    import pandas as pd
+
+    reference = task.build_data(_config(demo, tmp_path / "jsonl"), ENV)
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    for split, name in (("train", "train"), ("val", "test")):
+        frame = pd.read_json(demo[0] / f"{split}.jsonl", lines=True).rename(columns={"text": "body"})
+        frame.to_parquet(folder / f"{name}.parquet", index=False)
+    config = _config(demo, tmp_path / "parquet", None, None, "data.text_field=body")
+    config.data.train_file, config.data.val_file = str(folder / "train.parquet"), str(folder / "test.parquet")
+    hub = _config(
+        demo,
+        tmp_path / "hub",
+        None,
+        None,
+        f"data.hub_dataset={folder}",
+        "data.val_split=test",
+        "data.text_field=body",
+    )
+    for data in (task.build_data(config, ENV), task.build_data(hub, ENV)):
+        for split in ("train", "val"):
+            blocks = [block.tolist() for block in getattr(data, split)]
+            assert blocks == [block.tolist() for block in getattr(reference, split)], split
 
 
 class UniformModel(torch.nn.Module):

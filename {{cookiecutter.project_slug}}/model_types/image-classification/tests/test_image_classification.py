@@ -71,8 +71,8 @@ def test_class_folders_get_sorted_ids(demo, tmp_path: Path) -> None:
     val = _split(tmp_path / "val", {"dog": 1, "cat": 1})
     data = _data(demo, tmp_path, train, val)
     assert data.label_names == ["cat", "dog", "zebra"]
-    assert data.train.labels.tolist() == [0, 0, 1, 2]
-    assert data.val.labels.tolist() == [0, 1]
+    assert [data.train.labels[i] for i in range(4)] == [0, 0, 1, 2]
+    assert [data.val.labels[i] for i in range(2)] == [0, 1]
 
 
 def test_every_mode_and_format_becomes_rgb(demo, tmp_path: Path) -> None:
@@ -233,7 +233,59 @@ def test_the_file_index_is_cached_and_notices_new_images(demo, tmp_path: Path) -
     _data(demo, tmp_path, train)
     _image(train / "a" / "new.png")
     assert len(_data(demo, tmp_path, train).train) == 3
-    assert len(list((tmp_path / "out" / "cache").glob("image-classification-*.pt"))) == 2
+    assert len(list((tmp_path / "out" / "cache").glob("image-classification-*"))) == 2
+
+
+def _pixels_and_labels(dataset) -> tuple[torch.Tensor, list[int]]:
+    samples = [dataset[index] for index in range(len(dataset))]
+    return torch.stack([pixels for pixels, _ in samples]), [label for _, label in samples]
+
+
+def test_a_hub_dataset_folder_reads_like_class_folders(demo, tmp_path: Path) -> None:
+    import datasets
+
+    train = _split(tmp_path / "files" / "train", {"cat": 2, "dog": 1})
+    val = _split(tmp_path / "files" / "validation", {"dog": 1, "cat": 1})
+    _left_half_white(train / "cat" / "0.png")
+    reference = _data(demo, tmp_path / "folders", train, val, "data.augment=false")
+    # An image folder read by load_dataset: splits from the folder names, labels as a ClassLabel.
+    hub = _config(demo, tmp_path / "imagefolder", train, val, "data.augment=false")
+    hub.data.hub_dataset = str(tmp_path / "files")
+    # One saved with save_to_disk: images stored in the Arrow file, names as strings, other columns.
+    rows = {
+        name: datasets.Dataset.from_dict(
+            {"picture": sorted(str(path) for path in root.rglob("*.png")),
+             "kind": [path.parent.name for path in sorted(root.rglob("*.png"))]}
+        ).cast_column("picture", datasets.Image()).map(lambda row: row)  # embeds the bytes
+        for name, root in (("train", train), ("test", val))
+    }  # fmt: skip
+    datasets.DatasetDict(rows).save_to_disk(tmp_path / "saved")
+    saved = _config(demo, tmp_path / "saved-run", train, val, "data.augment=false", "data.val_split=test",
+                    "data.image_field=picture", "data.label_field=kind")  # fmt: skip
+    saved.data.hub_dataset = str(tmp_path / "saved")
+    for config in (hub, saved):
+        data = task.build_data(config, ENV)
+        assert data.label_names == reference.label_names == ["cat", "dog"]
+        for split in ("train", "val"):
+            pixels, labels = _pixels_and_labels(getattr(data, split))
+            expected_pixels, expected_labels = _pixels_and_labels(getattr(reference, split))
+            assert labels == expected_labels and torch.equal(pixels, expected_pixels), split
+
+
+def test_a_hub_image_that_does_not_decode_is_named_by_row(demo, tmp_path: Path) -> None:
+    import datasets
+
+    good = _image(tmp_path / "good.png").read_bytes()
+    images = [{"bytes": good, "path": None}, {"bytes": b"broken", "path": None}]
+    rows = datasets.Dataset.from_dict({"image": images, "label": [0, 1]}, features=datasets.Features(
+        {"image": datasets.Image(), "label": datasets.Value("int64")}))  # fmt: skip
+    rows.save_to_disk(tmp_path / "saved")
+    config = _config(demo, tmp_path, tmp_path, None, "data.val_split=")
+    config.data.hub_dataset = str(tmp_path / "saved")
+    data = task.build_data(config, ENV)
+    data.train[0]
+    with pytest.raises(DataError, match=r"saved\[train\]: row 2: cannot decode the image"):
+        data.train[1]
 
 
 @pytest.mark.slow

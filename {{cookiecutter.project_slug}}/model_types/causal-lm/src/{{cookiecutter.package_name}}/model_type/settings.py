@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..data_settings import HubDataSettings
 from ..validation import require
 
 
 @dataclass
-class DataSettings:
+class DataSettings(HubDataSettings):
+    text_field: str = "text"
+    """The column (JSON field) holding each document."""
     max_length: int = 256
     """Tokens per sample, capped by the model's own limit."""
+    preprocessing_processes: int = 0
+    """Processes that tokenize and pack the data (once per filesystem); 0: every CPU core it may use."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        require(bool(self.text_field), "data.text_field", "must name the column of the documents")
         require(self.max_length >= 8, "data.max_length", "must be >= 8")
+        require(
+            self.preprocessing_processes >= 0, "data.preprocessing_processes", "must be >= 0 (0 = every core)"
+        )

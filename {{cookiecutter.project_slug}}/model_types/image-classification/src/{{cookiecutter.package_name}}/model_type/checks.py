@@ -19,6 +19,8 @@ def require_folder(key: str, value: str) -> None:
 
 def check_config(config: Config) -> None:
     require_pretrained(config)
+    if config.data.hub_dataset:  # a hub id is no path: it is read, and checked, when the run starts
+        return
     require_folder("data.train_file", config.data.train_file)
     if config.data.val_file:
         require_folder("data.val_file", config.data.val_file)

@@ -19,7 +19,8 @@ from ..data import DataError
 from ..hf import load_fine_tuned, load_preprocessor
 from ..log import log
 from ..task_spec import Prediction
-from .task import IMAGE_SUFFIXES, PIL_PROCESSOR, check_headers, load_image
+from .image_folders import IMAGE_SUFFIXES, check_headers, load_image
+from .task import PIL_PROCESSOR
 
 
 def is_image(path: Path) -> bool:

@@ -1,190 +1,80 @@
-"""Image classification: a folder of class folders, fine-tuning an image classifier.
+"""Image classification: a folder of class folders, or a hub dataset, fine-tuning an image classifier.
 
-``data.train_file`` and ``data.val_file`` name folders with one sub-folder of images per class. The folder
-names are the class names; they get ids in sorted order, saved with the model (``id2label`` /
-``label2id`` in its config). Images (PNG, JPEG, BMP, GIF, WebP; any mode, converted to RGB) lie directly
-in their class folder. Other files, folders inside a class folder and files in the top folder are
-skipped with one warning; hidden entries (``.DS_Store``, ``.ipynb_checkpoints``) are skipped silently.
+``data.train_file`` and ``data.val_file`` name folders with one sub-folder of images per class (see
+image_folders.py); the folder names are the class names, with ids in sorted order. Or ``data.hub_dataset``
+names a hub dataset or local dataset folder (an image folder laid out the same way, one saved with
+``save_to_disk``, ...) with an image column (``data.image_field``) and a label column
+(``data.label_field``: class ids, class names, or a ``ClassLabel``). The names are saved with the model
+(``id2label`` / ``label2id`` in its config).
 
-Nothing is decoded up front: rank 0 lists the folders once, reads only each image's header to check that
-it opens, and shares the resulting file index (paths and labels) with the other ranks through a cache file
-under ``output_dir/cache``. Pixels are decoded in the Dataset's ``__getitem__``, i.e. inside the DataLoader
-workers of the one rank whose shard holds the sample, and run through the checkpoint's image processor on
-its PIL/numpy backend, so torchvision is never needed.
+Nothing is decoded up front: one rank per filesystem lists the folders (reading each image's header to
+check that it opens) or reads the hub dataset's labels, and writes the index (image path or encoded bytes,
+label id) as Arrow files under ``output_dir/cache`` that every rank memory-maps (see data_cache.py). Pixels
+are decoded in the Dataset's ``__getitem__``, i.e. inside the DataLoader workers of the one rank whose
+shard holds the sample, and run through the checkpoint's image processor on its PIL/numpy backend, so
+torchvision is never needed.
 """
 
 from __future__ import annotations
 
-import os
 import random
-from concurrent.futures import ThreadPoolExecutor
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import datasets
 import torch
-from PIL import Image, ImageOps
+from datasets.fingerprint import Hasher
+from PIL import ImageOps
 from torch import nn
 from torch.utils.data import Dataset, get_worker_info
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
 
 from .. import classification
+from ..arrow_rows import ChunkedColumn, Integers
 from ..config import Config
-from ..data import DataError, cached, fingerprint
+from ..data import DataError
+from ..data_cache import arrow_file, prepare
+from ..data_sources import Source, SplitReader, file_stat, quiet_datasets, require_fields, split_sources
 from ..distributed import DistEnv, main_process_first
 from ..hf import load_classifier, quiet_transformers, save_pretrained
+from ..labels import read_classes, require_known
 from ..log import log
 from ..task_spec import Batch, Task, TaskData
+from .image_folders import IMAGE_SUFFIXES, class_folders, load_image, scan_splits
 
-IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
-# Header checks mostly wait on storage (a network filesystem above all), so threads overlap them well.
-HEADER_CHECK_THREADS = 16
-HEADER_CHECK_CHUNK = 4096  # files handed to the thread pool at a time: bounded memory for huge folders
 # transformers 5 names its image-processor backends ("pil", "torchvision"); 4.x called them slow and fast.
 # Either way: the PIL/numpy one.
 PIL_PROCESSOR = (
     {"backend": "pil"} if find_spec("transformers.image_processing_backends") else {"use_fast": False}
 )
-
-
-class UnreadableImage(DataError):
-    """An image that fails to decode, found in ``__getitem__`` (usually inside a DataLoader worker).
-
-    The DataLoader re-raises a worker's exception in the training process as ``type(text)``, where the
-    text is the whole worker traceback; the original one-line message is its last line, so keep that.
-    """
-
-    def __init__(self, message: str) -> None:
-        if message.startswith("Caught ") and "Original Traceback" in message:
-            message = message.rstrip().splitlines()[-1].split(": ", 1)[-1]
-        super().__init__(message)
-
-
-def _reason(error: Exception, path: str) -> str:
-    """PIL's own message, unless it is empty or repeats the path (then the error's type)."""
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines and path not in lines[0] else type(error).__name__
-
-
-def load_image(path: str) -> Image.Image:
-    try:
-        with Image.open(path) as image:
-            # Camera JPEGs store their orientation in EXIF; the model should see them upright.
-            return ImageOps.exif_transpose(image).convert("RGB")
-    except Exception as error:  # PIL raises OSError, SyntaxError, ValueError, ... for broken files
-        raise UnreadableImage(
-            f"{path}: cannot decode the image ({_reason(error, path)}); replace or remove it"
-        ) from None
-
-
-def _check_header(path: str) -> None:
-    try:
-        with Image.open(path):  # reads the header only; the pixels are decoded later, in the workers
-            pass
-    except Exception as error:
-        raise DataError(
-            f"{path}: not a readable image ({_reason(error, path)}); replace or remove it"
-        ) from None
-
-
-def check_headers(paths: list[str]) -> None:
-    """Every file opens as an image; the first bad one in sorted order is the one reported."""
-    with ThreadPoolExecutor(max_workers=HEADER_CHECK_THREADS) as pool:
-        for start in range(0, len(paths), HEADER_CHECK_CHUNK):
-            for _ in pool.map(_check_header, paths[start : start + HEADER_CHECK_CHUNK]):
-                pass
-
-
-def _visible(folder: Path) -> list[os.DirEntry]:
-    with os.scandir(folder) as entries:  # scandir: file types without a stat call per file
-        return sorted((entry for entry in entries if not entry.name.startswith(".")), key=lambda e: e.name)
-
-
-def class_folders(root: Path) -> list[Path]:
-    """The sub-folders of ``root``; none when it is not a folder (``scan_split`` reports that)."""
-    return [Path(entry.path) for entry in _visible(root) if entry.is_dir()] if root.is_dir() else []
-
-
-def scan_split(root: Path, skipped: list[str]) -> dict[str, list[str]]:
-    """The image paths of each class folder of ``root``, both in sorted order."""
-    if not root.is_dir():
-        raise DataError(f"{root}: not a folder; give a folder with one sub-folder of images per class")
-    images: dict[str, list[str]] = {}
-    for entry in _visible(root):
-        if not entry.is_dir():
-            skipped.append(entry.path)
-            continue
-        files: list[str] = []
-        for item in _visible(Path(entry.path)):
-            is_image = item.is_file() and Path(item.name).suffix.lower() in IMAGE_SUFFIXES
-            (files if is_image else skipped).append(item.path)
-        if not files:
-            raise DataError(
-                f"{entry.path}: class folder without images ({', '.join(IMAGE_SUFFIXES)}); "
-                "add images or remove the folder"
-            )
-        images[entry.name] = files
-    if not images:
-        raise DataError(f"{root}: no class folders; put each class's images in a sub-folder {root}/<class>/")
-    return images
-
-
-def _encode(images: dict[str, list[str]], names: list[str]) -> dict[str, torch.Tensor]:
-    """Paths as one byte matrix (a row per path, zero-padded) and labels as tensors: not lists of str,
-    since forked workers that touch Python objects copy the memory pages holding their reference counts
-    (a list of a million paths would end up copied into every worker), and tensors load from the cache
-    with ``weights_only=True``."""
-    ids = {name: index for index, name in enumerate(names)}
-    paths = np.array([os.fsencode(path) for name in images for path in images[name]], dtype=np.bytes_)
-    labels = [ids[name] for name in images for _ in images[name]]
-    path_bytes = torch.from_numpy(paths.view(np.uint8).reshape(len(paths), paths.itemsize).copy())
-    return {"paths": path_bytes, "labels": torch.tensor(labels, dtype=torch.int64)}
-
-
-def build_index(train_root: Path, val_root: Path | None) -> dict[str, Any]:
-    skipped: list[str] = []
-    train = scan_split(train_root, skipped)
-    if len(train) < 2:
-        raise DataError(
-            f"{train_root}: one class folder ({next(iter(train))}); a classifier needs at least 2 classes"
-        )
-    names = sorted(train)
-    val = scan_split(val_root, skipped) if val_root else None
-    for name in val or {}:
-        if name not in train and val_root is not None:
-            raise DataError(
-                f"{val_root / name}: class {name!r} has no folder in data.train_file ({train_root}); "
-                "every validation class must be one the model is trained on"
-            )
-    if skipped:
-        entries = (
-            "entry that is not an image file" if len(skipped) == 1 else "entries that are not image files"
-        )
-        log.warning(f"skipped {len(skipped)} {entries} in a class folder, e.g. {skipped[0]}")
-    check_headers([path for split in (train, val or {}) for files in split.values() for path in files])
-    return {"labels": names, "train": _encode(train, names), "val": _encode(val, names) if val else None}
+CACHE_FORMAT = 2  # of the index; part of its key, so an older layout is never read
+INDEX = datasets.Features(
+    {"path": datasets.Value("string"), "bytes": datasets.Value("binary"), "label": datasets.Value("int64")}
+)
 
 
 class ImageFolderDataset(Dataset):
     """Decodes lazily: ``__getitem__`` opens, converts, augments and preprocesses one image."""
 
-    def __init__(self, files: dict[str, torch.Tensor], processor: Any, augment: bool) -> None:
-        byte_matrix = files["paths"].numpy()
-        self.paths = byte_matrix.view(f"S{byte_matrix.shape[1]}").reshape(len(byte_matrix))
-        self.labels = files["labels"].numpy()
-        self.processor = processor
-        self.augment = augment
+    def __init__(self, rows: datasets.Dataset, processor: Any, augment: bool, name: str) -> None:
+        self.index = ChunkedColumn(rows, "path")
+        self.paths = self.index.chunks
+        self.encoded = ChunkedColumn(rows, "bytes").chunks
+        self.labels = Integers(rows, "label")
+        self.processor, self.augment, self.name = processor, augment, name
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image = load_image(os.fsdecode(self.paths[index]))
+        chunk, row = self.index.locate(index)
+        path, data = self.paths[chunk][row].as_py(), self.encoded[chunk][row].as_py()
+        image = load_image(path, data, name=f"{self.name}: row {index + 1}" if data is not None else "")
         if self.augment and self.flips(index):
             image = ImageOps.mirror(image)
         pixels = self.processor(images=image, return_tensors="pt")["pixel_values"][0]
-        return pixels, int(self.labels[index])
+        return pixels, self.labels[index]
 
     def flips(self, index: int) -> bool:
         """Whether this draw of sample ``index`` is mirrored (random horizontal flip, half the time)."""
@@ -194,6 +84,100 @@ class ImageFolderDataset(Dataset):
         # In a worker: a function of the epoch's loader seed (the same for all workers: seed minus id)
         # and the sample, so a run resumed mid-epoch, whose batches go to other workers, flips the same.
         return random.Random(f"{worker.seed - worker.id}/{index}").random() < 0.5
+
+
+class EncodeImages:
+    """The ``map`` that turns a hub dataset's rows into the index: the image's path or bytes, label id."""
+
+    def __init__(self, image_field: str, label_field: str, ids: Any) -> None:
+        self.image_field, self.label_field, self.ids = image_field, label_field, ids
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        images = batch[self.image_field]
+        return {
+            "path": [image["path"] or "" for image in images],
+            "bytes": [image["bytes"] for image in images],
+            "label": self.ids(batch[self.label_field]),
+        }
+
+
+class IndexRecipe:
+    """How the image index is made (data_cache.Recipe): folders listed, or a hub dataset's rows."""
+
+    name = "image-classification"
+
+    def __init__(self, config: Config, reader: SplitReader) -> None:
+        data = config.data
+        self.train_source, self.val_source = split_sources(data, data.train_file, data.val_file)
+        self.hub, self.reader = bool(data.hub_dataset), reader
+        self.image_field, self.label_field = data.image_field, data.label_field
+
+    def key(self) -> str:
+        sources = [source for source in (self.train_source, self.val_source) if source is not None]
+        if self.hub:
+            # A hub id is known by the fingerprint datasets gives what it loaded (no public name for it).
+            data: list[Any] = [s.fingerprint() or self.reader.read(s)._fingerprint for s in sources]
+        else:  # a folder's mtime changes when entries are added, removed or renamed in it
+            roots = [Path(source.path) for source in sources]
+            data = [
+                [file_stat(folder) for folder in (root, *class_folders(root))]
+                for root in roots
+                if root.exists()
+            ]
+        return str(Hasher.hash((CACHE_FORMAT, data, IMAGE_SUFFIXES, self.image_field, self.label_field)))
+
+    def build(self, folder: Path) -> tuple[dict[str, datasets.Dataset], dict[str, Any]]:
+        build = self.from_hub if self.hub else self.from_folders
+        return build(folder)
+
+    def from_folders(self, folder: Path) -> tuple[dict[str, datasets.Dataset], dict[str, Any]]:
+        val_root = Path(self.val_source.path) if self.val_source else None
+        names, train, val = scan_splits(Path(self.train_source.path), val_root)
+        ids = {name: number for number, name in enumerate(names)}
+        index = {}
+        for split, images in (("train", train), ("val", val)):
+            if images is not None:
+                paths = [path for name in images for path in images[name]]
+                labels = [ids[name] for name in images for _ in images[name]]
+                rows = {"path": paths, "bytes": [None] * len(paths), "label": labels}
+                index[split] = datasets.Dataset.from_dict(rows, features=INDEX).map(
+                    cache_file_name=arrow_file(folder, split), new_fingerprint=f"index-{split}"
+                )
+        return index, {"labels": names, "names": {split: self.name_of(split) for split in index}}
+
+    def from_hub(self, folder: Path) -> tuple[dict[str, datasets.Dataset], dict[str, Any]]:
+        splits = {"train": self.train_source, "val": self.val_source}
+        rows = {split: self.read(source) for split, source in splits.items() if source is not None}
+        classes = read_classes(rows["train"], self.train_source, self.label_field)
+        if self.val_source is not None:
+            trained = f"split {self.train_source.split!r}"
+            require_known(rows["val"], self.val_source, self.label_field, classes, trained)
+        encode = EncodeImages(self.image_field, self.label_field, classes.ids)
+        index = {
+            split: data.map(
+                encode,
+                batched=True,
+                remove_columns=data.column_names,
+                features=INDEX,
+                cache_file_name=arrow_file(folder, split),
+                new_fingerprint=f"index-{split}",
+            )
+            for split, data in rows.items()
+        }
+        return index, {"labels": classes.names, "names": {split: self.name_of(split) for split in index}}
+
+    def read(self, source: Source) -> datasets.Dataset:
+        rows = self.reader.read(source)
+        require_fields(rows, source, (self.image_field, self.label_field))
+        if not isinstance(rows.features[self.image_field], datasets.Image):
+            raise DataError(
+                f"{source.name}: column {self.image_field!r} holds no images; set data.image_field"
+            )
+        return rows.cast_column(self.image_field, datasets.Image(decode=False))
+
+    def name_of(self, split: str) -> str:
+        source = self.train_source if split == "train" else self.val_source
+        return source.name if source is not None else split
 
 
 class PatchCounter:
@@ -222,25 +206,20 @@ def load_processor(config: Config) -> Any:
 
 def build_data(config: Config, env: DistEnv) -> TaskData:
     quiet_transformers()
-    train_root = Path(config.data.train_file)
-    val_root = Path(config.data.val_file) if config.data.val_file else None
-    # A folder's mtime changes when entries are added, removed or renamed in it, so the class folders'
-    # stats notice new or deleted images without listing every file on every rank.
-    watched = [train_root, *class_folders(train_root)]
-    if val_root:
-        watched += [val_root, *class_folders(val_root)]
-    key = fingerprint(*watched, IMAGE_SUFFIXES)
-    cache_file = Path(config.output_dir) / "cache" / f"image-classification-{key}.pt"
-    index = cached(cache_file, lambda: build_index(train_root, val_root), env)
+    quiet_datasets()
+    root = Path(config.output_dir) / "cache"
+    with SplitReader(root) as reader:
+        prepared = prepare(IndexRecipe(config, reader), root, env)
     with main_process_first(env):  # rank 0 fetches a hub checkpoint's files, the others read its copy
         processor = load_processor(config)
         patch_size = getattr(AutoConfig.from_pretrained(config.model.pretrained), "patch_size", None)
-    val = index["val"]
+    splits, names = prepared.splits, prepared.meta["names"]
+    val = splits.get("val")
     return TaskData(
-        train=ImageFolderDataset(index["train"], processor, augment=config.data.augment),
-        val=ImageFolderDataset(val, processor, augment=False) if val is not None else None,
+        train=ImageFolderDataset(splits["train"], processor, config.data.augment, names["train"]),
+        val=ImageFolderDataset(val, processor, False, names["val"]) if val is not None else None,
         collate=collate,
-        label_names=index["labels"],
+        label_names=prepared.meta["labels"],
         preprocessor=processor,
         count_tokens=PatchCounter(patch_size if isinstance(patch_size, int) else None),
         reseeds_workers=config.data.augment,  # flips follow the workers' per-epoch seed

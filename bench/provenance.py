@@ -26,6 +26,10 @@ MEASURED_CODE = [
             "trainer",
             "longest_batch",
             "data",
+            "data_cache",
+            "data_sources",
+            "arrow_rows",
+            "labels",
             "sampling",
             "batch_plan",
             "setup",
@@ -36,7 +40,7 @@ MEASURED_CODE = [
     ),
     *(
         f"{_PROJECT}/model_types/*/src/*/model_type/{name}"
-        for name in ("task.py", "defaults.yaml", "demo.py")
+        for name in ("task.py", "image_folders.py", "defaults.yaml", "demo.py")
     ),
 ]
 COMMIT_LINE = re.compile(r"Template commit ([0-9a-f]{7,40})(\+dirty)?\.")

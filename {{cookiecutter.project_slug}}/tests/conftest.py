@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -155,6 +156,21 @@ def assert_same_weights(expected: Path, actual: Path) -> None:
     assert reference.keys() == result.keys()
     for name in reference:
         assert torch.equal(reference[name], result[name]), f"{name} differs"
+
+
+def assert_checkpoint_at_stop(stderr: str, output_dir: Path) -> Path:
+    """The step a preempted job says it stopped after has a checkpoint of its own: the stop saved it (the
+    regular ones, every few steps, would let a resume start earlier and still end right)."""
+    found = re.search(r"stopped by .*? after step (\d+)", stderr)
+    assert found is not None, stderr[-3000:]
+    checkpoint = output_dir / "checkpoints" / f"step-{int(found[1]):08d}.pt"
+    assert checkpoint.is_file(), f"no checkpoint of step {found[1]}, where the job stopped"
+    return checkpoint
+
+
+def assert_resumed_from(checkpoint: Path, stderr: str) -> None:
+    step = int(checkpoint.stem.removeprefix("step-"))
+    assert f"resumed from {checkpoint} (step {step}," in stderr, stderr[-3000:]
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

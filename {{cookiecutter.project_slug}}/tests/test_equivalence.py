@@ -84,6 +84,7 @@ def first_step_gradients(deterministic_module, tmp_path_factory) -> dict[str, di
     return {run: float64_probe("gradients", run, deterministic_module, directory) for run in RUNS}
 
 
+@pytest.mark.every_type
 def test_first_step_gradients_do_not_depend_on_world_size_or_accumulation(first_step_gradients) -> None:
     """The gradient the optimizer receives is that of the mean loss over the global batch, whatever the
     number of processes and micro-batches: compared before Adam could normalise a scale error away."""

@@ -16,6 +16,8 @@ import torch
 from conftest import (
     FAULT_RUN,
     QUIET,
+    assert_checkpoint_at_stop,
+    assert_resumed_from,
     assert_same_weights,
     children,
     interrupted_run,
@@ -33,6 +35,7 @@ def _kill_job(launch, workers: list[int]) -> None:
     launch.wait()
 
 
+@pytest.mark.every_type
 def test_killed_job_resumes_to_the_same_weights(demo, reference: Path, tmp_path: Path) -> None:
     launch, workers = interrupted_run(demo, tmp_path)
     _kill_job(launch, workers)  # as a lost node or an out-of-memory kill would
@@ -58,9 +61,11 @@ def test_preempted_job_checkpoints_exits_75_and_resumes(demo, reference, tmp_pat
     assert launch.returncode == 75, stderr[-3000:]
     assert f"stopped by {preemption.name}" in stderr
     assert not (tmp_path / "final").exists()
+    checkpoint = assert_checkpoint_at_stop(stderr, tmp_path)
 
     resumed = run_launch([*demo[1], *FAULT_RUN, f"output_dir={tmp_path}"])
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert_resumed_from(checkpoint, resumed.stderr)
     assert_same_weights(reference, tmp_path)
 
 

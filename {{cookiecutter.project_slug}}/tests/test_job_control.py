@@ -19,6 +19,8 @@ from conftest import (
     ON_THIS_MACHINE,
     PACKAGE,
     QUIET,
+    assert_checkpoint_at_stop,
+    assert_resumed_from,
     assert_same_weights,
     children,
     interrupted_run,
@@ -131,9 +133,11 @@ def test_a_signal_to_the_whole_job_stops_after_a_checkpoint(
     assert launch.returncode == 75, stderr[-3000:]  # torchrun survived it and saw clean workers
     [line] = stderr.splitlines()
     assert STOPPED.match(line) and number.name in line, line
+    checkpoint = assert_checkpoint_at_stop(line, tmp_path)
 
     resumed = run_launch([*demo[1], *FAULT_RUN, f"output_dir={tmp_path}"])
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert_resumed_from(checkpoint, resumed.stderr)
     assert_same_weights(reference, tmp_path)
 
 
@@ -147,9 +151,11 @@ def test_ctrl_c_stops_after_a_checkpoint_in_one_line(demo, reference: Path, tmp_
     _, stderr = launch.communicate(timeout=120)
     assert launch.returncode == 75
     assert STOPPED.match(stderr) and stderr.count("\n") == 1, stderr[-3000:]  # no tracebacks, no reports
+    checkpoint = assert_checkpoint_at_stop(stderr, tmp_path)
 
     resumed = run_launch([*demo[1], *FAULT_RUN, f"output_dir={tmp_path}"])
     assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert_resumed_from(checkpoint, resumed.stderr)
     assert_same_weights(reference, tmp_path)
 
 

@@ -186,7 +186,8 @@ def write_manifest(folder: Path, splits: dict[str, datasets.Dataset], meta: dict
     files = {}
     for name, dataset in splits.items():
         paths = [Path(item["filename"]) for item in dataset.cache_files]
-        assert paths and all(path.parent == folder for path in paths), f"{name} is not written to {folder}"
+        written_here = all(path.resolve().parent == folder.resolve() for path in paths)
+        assert paths and written_here, f"{name} is not written to {folder}"
         files[name] = [path.name for path in paths]
     manifest = {"format": FORMAT, "splits": files, "meta": meta}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")

@@ -125,15 +125,27 @@ def test_batches_are_padded_to_their_own_longest_sample() -> None:
     assert batch["labels"].tolist() == [1, 0]
 
 
+def _config_overrides(demo, directory: Path, *overrides: str) -> list[str]:
+    return [
+        f"model.pretrained={demo[0] / 'model'}",
+        f"output_dir={directory / 'out'}",
+        *ON_THIS_MACHINE,
+        *overrides,
+    ]
+
+
 def _config(demo, tmp_path: Path, *overrides: str):
-    return load_config(
-        [
-            f"model.pretrained={demo[0] / 'model'}",
-            f"output_dir={tmp_path / 'out'}",
-            *ON_THIS_MACHINE,
-            *overrides,
-        ]
-    )
+    return load_config(_config_overrides(demo, tmp_path, *overrides))
+
+
+def test_a_relative_output_dir_caches_as_an_absolute_one(demo, tmp_path: Path, monkeypatch) -> None:
+    """The demo's output_dir is relative (outputs/demo); datasets names its cache files absolutely."""
+    directory, _ = demo
+    files = [f"data.train_file={directory / 'train.jsonl'}", f"data.val_file={directory / 'val.jsonl'}"]
+    monkeypatch.chdir(tmp_path)
+    relative = task.build_data(load_config([*_config_overrides(demo, Path("relative")), *files]), ENV)
+    absolute = task.build_data(_config(demo, tmp_path / "absolute", *files), ENV)
+    assert _samples(relative.train) == _samples(absolute.train)
 
 
 def _samples(dataset) -> list[tuple[list[int], int]]:

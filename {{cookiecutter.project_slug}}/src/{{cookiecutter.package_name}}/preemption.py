@@ -74,4 +74,5 @@ class PreemptionWatch:
             self.vote_in_flight = None
 
     def signal_name(self) -> str:
-        return self.received or "a signal on another rank"
+        # A rank that learnt of the stop by the vote still names launch.sh's signal where there is one.
+        return self.received or stop_requested() or "a signal on another rank"

@@ -39,6 +39,21 @@ def load_classifier(auto_class: Any, pretrained: str, label_names: list[str]) ->
     )
 
 
+def head_modules(model: nn.Module) -> list[str]:
+    """The names of the model's own modules beside its pretrained body (``base_model``) and its output
+    layer: a classification head, new at fine-tuning. LoRA trains them whole (lora.py)."""
+    body = getattr(model, "base_model", model)
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None
+    if body is model:  # a bare body, without a head
+        return []
+    return [
+        name
+        for name, child in model.named_children()
+        if child is not body and child is not output and any(True for _ in child.parameters())
+    ]
+
+
 def save_pretrained(model: nn.Module, preprocessor: Any, directory: Path) -> None:
     """``final/``: weights as safetensors, the config, and the tokenizer or image processor beside them,
     so ``from_pretrained(directory)`` loads both."""

@@ -19,6 +19,7 @@ from .distributed import DistEnv, all_reduce_sum, all_reduce_sum_cpu, barrier, b
 from .evaluation import evaluate
 from .log import log
 from .longest_batch import try_longest_batch
+from .lora import save_final
 from .metrics import MetricsWriter
 from .model import compile_model, sync_state_buffers
 from .nonfinite import NonFiniteGuard
@@ -282,7 +283,7 @@ class Trainer:
                 partial = self.output_dir / ".final.partial"
                 shutil.rmtree(partial, ignore_errors=True)
                 partial.mkdir(parents=True)
-                self.task.save_final(module, self.data, partial)
+                save_final(self.task, module, self.data, partial)  # LoRA: merged, and the adapter
                 shutil.rmtree(final, ignore_errors=True)
                 partial.rename(final)
                 log.info(f"fine-tuned model saved: {final}")

@@ -51,6 +51,8 @@ def test_flops_per_token_count_products_not_look_ups() -> None:
     assert training_flops_per_token(TinyLM(tied=True)) == 6 * (8 * 8 + 64 * 8)  # the table, as a product
     mlp = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
     assert training_flops_per_token(mlp) == 6 * (4 * 3 + 3 + 3 * 2 + 2)
+    mlp[0].requires_grad_(False)  # frozen, as LoRA's base: no gradient of its own to compute
+    assert training_flops_per_token(mlp) == 4 * (4 * 3 + 3) + 6 * (3 * 2 + 2)
 
 
 def test_rates_come_from_the_summed_counts_and_exclude_pauses(monkeypatch) -> None:

@@ -53,6 +53,10 @@ def add_adapters(model: nn.Module, config: LoraConfig, seed: int) -> nn.Module:
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
         # The head is excluded from the targets in case they name it; peft warns where they do not.
         warnings.filterwarnings("ignore", "You have passed exclude_modules")
+        # GPT-2's Conv1D layers store weights transposed, which peft handles, warning on every rank.
+        warnings.filterwarnings("ignore", "fan_in_fan_out is set to False but the target module is")
+        # peft reads transformers' deprecated name for it (a warning on every rank, of no use to users).
+        warnings.filterwarnings("ignore", ".is_gradient_checkpointing. is deprecated", FutureWarning)
         torch.manual_seed(seed)
         try:
             return peft.get_peft_model(model, adapters)

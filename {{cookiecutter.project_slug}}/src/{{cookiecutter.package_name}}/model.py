@@ -50,14 +50,17 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
     """transformers' gradient checkpointing, always the non-reentrant variant: it needs no input that
     requires a gradient (a frozen embedding under LoRA) and works with DDP's no_sync, unused parameters
     and torch.compile, where the reentrant one fails."""
-    enable = getattr(model, "gradient_checkpointing_enable", None)
-    if not callable(enable) or not getattr(model, "supports_gradient_checkpointing", True):
+    non_reentrant = {"use_reentrant": False}
+    if not getattr(model, "supports_gradient_checkpointing", False):
         raise ConfigError(
             f"model.gradient_checkpointing=true: {type(model).__name__} does not support it "
             "(transformers models offer gradient_checkpointing_enable); run with "
             "model.gradient_checkpointing=false"
         )
-    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if hasattr(model, "activation_checkpointing_enable"):  # its newer name, without the deprecation
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=non_reentrant)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=non_reentrant)
 
 
 def trainable_share(model: nn.Module) -> str:

@@ -49,7 +49,7 @@ def has_training_state_buffers(model: nn.Module) -> bool:
 def enable_gradient_checkpointing(model: nn.Module) -> None:
     """transformers' gradient checkpointing, always the non-reentrant variant: it needs no input that
     requires a gradient (a frozen embedding under LoRA) and works with DDP's no_sync, unused parameters
-    and torch.compile, where the reentrant one fails."""
+    where the reentrant one fails."""
     non_reentrant = {"use_reentrant": False}
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ConfigError(
@@ -57,10 +57,11 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
             "(transformers models offer gradient_checkpointing_enable); run with "
             "model.gradient_checkpointing=false"
         )
+    transformers_model: Any = model
     if hasattr(model, "activation_checkpointing_enable"):  # its newer name, without the deprecation
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=non_reentrant)
+        transformers_model.activation_checkpointing_enable(activation_checkpointing_kwargs=non_reentrant)
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=non_reentrant)
+        transformers_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=non_reentrant)
 
 
 def trainable_share(model: nn.Module) -> str:

@@ -8,6 +8,7 @@ project rendered with ``finetune=full`` trains adapters with ``lora.*`` override
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ from safetensors.torch import load_file
 from test_equivalence import FLOAT64, assert_same_tensors, float64_probe
 
 # One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.checkpoint import (
+    CheckpointError,
+)
 from {{ cookiecutter.package_name }}.config import (
     load_config,
 )
@@ -162,6 +166,15 @@ def test_gradient_checkpointing_trains_the_same_adapters(adapted, deterministic_
         module._gradient_checkpointing_func.keywords == {"use_reentrant": False} for module in checkpointed
     )
     assert_same_weights(output_dir, tmp_path)
+
+
+def test_a_lora_checkpoint_does_not_resume_a_full_run(adapted, deterministic_module, tmp_path) -> None:
+    _, _, output_dir = adapted
+    shutil.copytree(output_dir / "checkpoints", tmp_path / "checkpoints")
+    before = sorted(path.name for path in (tmp_path / "checkpoints").iterdir())
+    with pytest.raises(CheckpointError, match="trained LoRA adapters, and this run trains every parameter"):
+        train([*deterministic_module, *SHORT_RUN, "lora=null", f"output_dir={tmp_path}"])
+    assert sorted(path.name for path in (tmp_path / "checkpoints").iterdir()) == before
 
 
 @pytest.mark.slow

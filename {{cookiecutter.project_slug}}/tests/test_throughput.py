@@ -18,6 +18,7 @@ from {{ cookiecutter.package_name }}.config import (
     Precision,
 )
 from {{ cookiecutter.package_name }}.distributed import DistEnv
+from {{ cookiecutter.package_name }}.memory import peak_memory
 from {{ cookiecutter.package_name }}.model import (
     has_training_state_buffers,
     wrap_ddp,
@@ -159,3 +160,14 @@ def test_ddp_is_told_which_buffers_to_sync_without_a_deprecation_warning(tmp_pat
         assert batch_norm.broadcast_buffers and not constant.broadcast_buffers
     finally:
         dist.destroy_process_group()
+
+
+def test_peak_memory_is_reported_on_gpus_only_and_reset_each_time(monkeypatch) -> None:
+    assert peak_memory(DistEnv(rank=0, local_rank=0, world_size=1, device=CPU)) == {}
+    peaks, resets = [3 * 2**30, 2**29], []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peaks.pop(0))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", resets.append)
+    gpu = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0))
+    assert peak_memory(gpu) == {"peak_memory_gib": 3.0}
+    assert peak_memory(gpu) == {"peak_memory_gib": 0.5}  # since the previous report, not since the start
+    assert resets == [gpu.device, gpu.device]

@@ -43,6 +43,9 @@ from {{ cookiecutter.package_name }}.model_type.task import (
 from {{ cookiecutter.package_name }}.trainer import (
     Trainer,
 )
+from {{ cookiecutter.package_name }}.validation import (
+    ConfigError,
+)
 
 pytest.importorskip("peft", reason="LoRA needs peft, which finetune=lora projects install")
 
@@ -166,6 +169,18 @@ def test_gradient_checkpointing_trains_the_same_adapters(adapted, deterministic_
         module._gradient_checkpointing_func.keywords == {"use_reentrant": False} for module in checkpointed
     )
     assert_same_weights(output_dir, tmp_path)
+
+
+def test_target_modules_the_model_lacks_stop_the_run_in_one_line(deterministic_module, tmp_path) -> None:
+    run = [
+        *deterministic_module,
+        *SHORT_RUN,
+        *LORA,
+        "lora.target_modules=no_such_proj",
+        f"output_dir={tmp_path}",
+    ]
+    with pytest.raises(ConfigError, match=r"^lora.target_modules='no_such_proj': .*, or use all-linear$"):
+        train(run)
 
 
 def test_a_lora_checkpoint_does_not_resume_a_full_run(adapted, deterministic_module, tmp_path) -> None:

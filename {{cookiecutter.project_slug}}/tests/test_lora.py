@@ -158,17 +158,29 @@ def test_the_adapter_reloads_with_peft_on_the_base_and_gives_the_trained_logits(
     assert torch.equal(actual, expected)
 
 
+def checkpointed_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules that recompute their activations, each with the non-reentrant variant."""
+    blocks = [
+        module for module in model.modules() if getattr(module, "gradient_checkpointing", False) is True
+    ]
+    assert all(block._gradient_checkpointing_func.keywords == {"use_reentrant": False} for block in blocks)
+    return blocks
+
+
 def test_gradient_checkpointing_trains_the_same_adapters(adapted, deterministic_module, tmp_path) -> None:
     _, _, output_dir = adapted
     run = [*deterministic_module, *LORA, *SHORT_RUN, "model.gradient_checkpointing=true"]
     trainer, _ = train([*run, f"output_dir={tmp_path}"])
-    checkpointed = [
-        module for module in trainer.state.module.modules() if getattr(module, "gradient_checkpointing", 0)
-    ]
-    assert checkpointed and all(
-        module._gradient_checkpointing_func.keywords == {"use_reentrant": False} for module in checkpointed
-    )
+    assert checkpointed_blocks(trainer.state.module)
     assert_same_weights(output_dir, tmp_path)
+
+
+def test_gradient_checkpointing_trains_every_parameter_the_same(deterministic_module, tmp_path) -> None:
+    run = [*deterministic_module, *SHORT_RUN, "lora=null"]
+    train([*run, f"output_dir={tmp_path / 'kept'}"])
+    trainer, _ = train([*run, "model.gradient_checkpointing=true", f"output_dir={tmp_path / 'recomputed'}"])
+    assert checkpointed_blocks(trainer.state.module)
+    assert_same_weights(tmp_path / "kept", tmp_path / "recomputed")
 
 
 def test_target_modules_the_model_lacks_stop_the_run_in_one_line(deterministic_module, tmp_path) -> None:

@@ -24,6 +24,8 @@ CLUSTER_FILES = {
 }
 # Files that exist only with a tracker, removed when the tracker answer is none.
 TRACKER_FILES = ["tests/test_tracker.py"]
+# Files of the Hugging Face model types only (LoRA adapters), removed for model_type=custom.
+HUGGING_FACE_FILES = ["tests/test_lora.py"]
 # Context entries of cookiecutter's own or of this render's output location, not answers. `_template`
 # stays: it is where the project came from (a gh: URL or a path), which re-rendering needs. cruft's
 # `_commit` is kept in .cruft.json; here it would make every `cruft update` rewrite this file, and a
@@ -48,6 +50,8 @@ def unselected_files() -> list[str]:
     unselected = [paths for answer, paths in CLUSTER_FILES.items() if not ANSWERS[answer]]
     if ANSWERS["tracker"] == "none":
         unselected.append(TRACKER_FILES)
+    if ANSWERS["model_type"] == "custom":
+        unselected.append(HUGGING_FACE_FILES)
     return [path for paths in unselected for path in paths]
 
 

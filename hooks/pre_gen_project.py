@@ -16,6 +16,7 @@ ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 # equal). cookiecutter checks a choice given on the command line, but takes a replay file's as written.
 CHOICES = {
     "model_type": ("text-classification", "causal-lm", "image-classification", "custom"),
+    "finetune": ("full", "lora"),
     "backend": ("nccl", "gloo"),
     "precision": ("bf16", "fp16", "fp32"),
     "tracker": ("none", "tensorboard", "wandb", "mlflow"),
@@ -45,7 +46,7 @@ DEPENDENCY_NAMES = frozenset(
     opentelemetry_exporter_otlp_common opentelemetry_exporter_otlp_proto_common
     opentelemetry_exporter_otlp_proto_http opentelemetry_proto opentelemetry_sdk
     opentelemetry_semantic_conventions packaging pandas pathspec peft pil pillow platformdirs pluggy
-    protobuf py pyarrow pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments pylab pyparsing
+    protobuf psutil py pyarrow pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments pylab pyparsing
     pytest python_dateutil python_dotenv python_multipart pyyaml regex requests rich ruff safetensors
     setuptools shellingham smmap sniffio sqlalchemy sqlparse starlette sympy tensorboard
     tensorboard_data_server tokenizers torch torchgen tqdm transformers truststore typer
@@ -168,6 +169,12 @@ def validate():
             "strategy=fsdp2 needs a sharding plan, which model_type=custom's example model lacks; render "
             "with strategy=ddp, then give your model's block class as distributed.fsdp_wrap=<class name> "
             "(or _no_split_modules) and run with distributed.strategy=fsdp2"
+        )
+    if model_type == "custom" and ANSWERS["finetune"] == "lora":
+        raise Refusal(
+            "finetune=lora puts peft's LoRA adapters on a Hugging Face model's linear layers, and "
+            "model_type=custom trains your own module; render with finetune=full, or pick a Hugging Face "
+            "model_type"
         )
     if model_type in MODEL_TYPES_NEEDING_CHECKPOINT and not ANSWERS["pretrained_model"].strip():
         raise Refusal(

@@ -61,6 +61,20 @@ FSDP2_COMBINATIONS = [
 ]
 
 
+# finetune=lora renders a YAML section, a dependency and README text, the same for every GPU x backend x
+# precision: it is rendered once per model type that takes it, on a CPU and on a GPU combination (custom
+# refuses it).
+LORA_COMBINATIONS = [
+    {**base, "model_type": model_type, "finetune": "lora"}
+    for model_type in MODEL_TYPES
+    if model_type != "custom"
+    for base in (
+        {"gpus_per_node": "0", "backend": "gloo", "precision": "fp32"},
+        {"gpus_per_node": "8", "backend": "nccl", "precision": "bf16"},
+    )
+]
+
+
 def combination_id(answers: dict[str, str]) -> str:
     return "-".join(f"{key}={value}" for key, value in answers.items())
 
@@ -118,6 +132,8 @@ CLUSTER_FILES = {
 # Mirrors TRACKER_FILES in hooks/post_gen_project.py: the files every tracker but none adds.
 TRACKERS = ("none", "tensorboard", "wandb", "mlflow")
 TRACKER_FILES = ["tests/test_tracker.py"]
+# Mirrors HUGGING_FACE_FILES in hooks/post_gen_project.py: the files custom projects do without.
+HUGGING_FACE_FILES = ["tests/test_lora.py"]
 
 
 def copy_template(destination: Path) -> None:
@@ -138,6 +154,7 @@ def expected_files(
         *([] if slurm else CLUSTER_FILES["slurm"]),
         *([] if kubernetes else CLUSTER_FILES["kubernetes"]),
         *(TRACKER_FILES if tracker == "none" else []),
+        *(HUGGING_FACE_FILES if model_type == "custom" else []),
     ]
     paths = {*core_files(), *model_type_files(model_type), ".cookiecutter.json"} - set(unselected)
     return {path.format(pkg=package) for path in paths}

@@ -1,5 +1,5 @@
 """Every valid combination of GPUs x backend x precision x model type renders the right project, and
-so does strategy=fsdp2 on a CPU and a GPU combination of each model type that takes it.
+so do strategy=fsdp2 and finetune=lora on a CPU and a GPU combination of each model type that takes them.
 
 Each combination is rendered once per module (and xdist worker) and shared, read-only, by the checks.
 Within a model type the Python differs by one rendered integer, so linting and type checking run once
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tomllib
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ from template_helpers import (
     ALL_COMBINATIONS,
     DEFAULT_PRETRAINED,
     FSDP2_COMBINATIONS,
+    LORA_COMBINATIONS,
     MODEL_TYPES,
     REPO,
     UNRECORDED_KEYS,
@@ -32,7 +34,9 @@ from template_helpers import (
 ASSIGNMENT = r"^\s*(?:readonly\s+|declare\s+-r\s+)?\w*"
 
 
-@pytest.fixture(scope="module", params=VALID_COMBINATIONS + FSDP2_COMBINATIONS, ids=combination_id)
+@pytest.fixture(
+    scope="module", params=VALID_COMBINATIONS + FSDP2_COMBINATIONS + LORA_COMBINATIONS, ids=combination_id
+)
 def rendered(request, cookies_session):
     answers = request.param
     project = require_rendered(cookies_session.bake(extra_context=answers, template=str(REPO)))
@@ -94,6 +98,22 @@ def test_defaults_yaml_carries_backend_precision_and_device(rendered):
     expected_device = "cpu" if answers["gpus_per_node"] == "0" else "cuda"
     assert defaults["distributed"]["device"] == expected_device
     assert defaults["model"]["pretrained"] == DEFAULT_PRETRAINED[answers["model_type"]]
+
+
+def test_lora_section_and_peft_come_with_finetune_lora_only(rendered):
+    """finetune=lora: the lora section with its documented defaults, and peft; full: no lora key at all."""
+    answers, project = rendered
+    text = (project.package_dir / "defaults.yaml").read_text(encoding="utf-8")
+    defaults = yaml.safe_load(text)
+    dependencies = tomllib.loads((project.path / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    needs_peft = [item for item in dependencies["dependencies"] if item.startswith("peft")]
+    if answers.get("finetune") == "lora":
+        assert defaults["lora"] == {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"}
+        assert needs_peft
+    else:
+        assert "lora" not in text
+        assert not needs_peft
+    assert defaults["model"]["gradient_checkpointing"] is False
 
 
 def test_launch_sh_carries_gpus_per_node_and_num_nodes(rendered):

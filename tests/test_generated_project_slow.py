@@ -75,10 +75,29 @@ def test_generated_project_passes_its_own_test_suite(bake_ok, model_type):
     assert " passed" in proc.stdout, describe(proc)
 
 
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_demo_fine_tunes_with_two_processes_through_launch_sh(bake_ok, model_type):
+# finetune=lora changes the project's defaults, not its code: a lora render of these types runs the fast
+# tier of its suite (test_lora.py's in-process proofs among them) and its demo through launch.sh. The
+# LoRA proofs under torchrun run in FULL_SUITE_MODEL_TYPE's suite, through lora.* overrides.
+LORA_MODEL_TYPES = ("text-classification", "causal-lm")
+
+
+@pytest.mark.parametrize("model_type", LORA_MODEL_TYPES)
+def test_lora_project_passes_its_fast_tests(bake_ok, model_type):
+    project = bake_ok(model_type=model_type, finetune="lora", **CPU_ANSWERS)
+    proc = run_generated_suite(project.path, ["-x", "-m", "not slow"], project_env(project.path))
+    assert proc.returncode == 0, describe(proc)
+    assert " passed" in proc.stdout, describe(proc)
+
+
+DEMO_RUNS = [(model_type, "full") for model_type in MODEL_TYPES] + [
+    (model_type, "lora") for model_type in LORA_MODEL_TYPES
+]
+
+
+@pytest.mark.parametrize("model_type,finetune", DEMO_RUNS)
+def test_demo_fine_tunes_with_two_processes_through_launch_sh(bake_ok, model_type, finetune):
     """The README flow: build the offline demo, run launch.sh on it, load what it saved."""
-    project = bake_ok(model_type=model_type, **CPU_ANSWERS)
+    project = bake_ok(model_type=model_type, finetune=finetune, **CPU_ANSWERS)
     root, env = project.path, project_env(project.path)
 
     demo = run([sys.executable, "-m", f"{project.package}.demo", "demo"], cwd=root, env=env, timeout=300)
@@ -116,3 +135,7 @@ def test_demo_fine_tunes_with_two_processes_through_launch_sh(bake_ok, model_typ
         model = getattr(transformers, model_class).from_pretrained(final)
         assert model.num_parameters() > 0
         getattr(transformers, preprocessor_class).from_pretrained(final)
+    if finetune == "lora":  # the merged model above, and the adapter alone
+        assert "trainable " in launch.stderr, describe(launch)
+        adapter = {path.name for path in (final / "adapter").iterdir()}
+        assert {"adapter_config.json", "adapter_model.safetensors"} <= adapter

@@ -73,6 +73,8 @@ INVALID_ANSWERS = [
     ({"model_type": "text-classification", "pretrained_model": "  "}, "pretrained_model"),
     # The custom example declares no blocks for FSDP2 to shard.
     ({"model_type": "custom", "strategy": "fsdp2"}, "strategy=fsdp2"),
+    # LoRA adapters go on a Hugging Face model's linear layers.
+    ({"model_type": "custom", "finetune": "lora"}, "finetune=lora"),
     # cookiecutter turns yes/no/true/false into booleans; what else the API or a replay file passes would
     # render as true (cookiecutter hands a number on as a string).
     ({"slurm": 1}, "slurm='1'"),

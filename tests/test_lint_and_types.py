@@ -2,7 +2,8 @@
 
 The rendered GPU answers (8 GPUs, nccl, bf16) exercise every branch of the rendering that reaches Python;
 the other combinations differ from them by a rendered integer or a YAML value (test_answer_matrix.py).
-strategy=fsdp2 renders a YAML value and README text only; it is taken here wherever it is valid.
+strategy=fsdp2 and finetune=lora render YAML, a dependency and README text only; they are taken here
+wherever they are valid.
 """
 
 from __future__ import annotations
@@ -31,8 +32,13 @@ LINT_ANSWERS = {"gpus_per_node": "8", "backend": "nccl", "precision": "bf16"}
 
 @pytest.fixture(scope="module", params=MODEL_TYPES)
 def project(request, cookies_session):
-    strategy = "ddp" if request.param == "custom" else "fsdp2"  # custom refuses fsdp2
-    answers = {**LINT_ANSWERS, "model_type": request.param, "strategy": strategy}
+    hugging_face = request.param != "custom"  # custom refuses fsdp2 and lora
+    answers = {
+        **LINT_ANSWERS,
+        "model_type": request.param,
+        "strategy": "fsdp2" if hugging_face else "ddp",
+        "finetune": "lora" if hugging_face else "full",
+    }
     return require_rendered(cookies_session.bake(extra_context=answers, template=str(REPO)))
 
 

@@ -55,6 +55,9 @@ def _on_this_machine() -> list[str]:
 
 # Put first in every test run's overrides: a test's own later overrides still win.
 ON_THIS_MACHINE = _on_this_machine()
+# A project whose defaults train LoRA adapters (finetune=lora) gets them without dropout where runs must
+# differ by their arithmetic only; elsewhere a lora.* override would add adapters.
+NO_ADAPTER_DROPOUT = ["lora.dropout=0"] if load_config([]).lora is not None else []
 
 
 def launch_env(nproc: int, **extra: str) -> dict[str, str]:
@@ -305,6 +308,7 @@ def deterministic_overrides(demo: tuple[Path, list[str]], directory: Path) -> li
         f"model.pretrained={model}",
         "train.precision=fp32",
         *REPRODUCIBLE,
+        *NO_ADAPTER_DROPOUT,
     ]
 
 

@@ -6,12 +6,11 @@ Each ``RUN=...`` is one training run (its overrides, comma-separated), all in th
 start-up for all of them. For each, rank 0 writes ``RESULT_DIR/RUN.pt`` (the trained weights, gathered
 whole) and ``RESULT_DIR/RUN.json``: the evaluation of the untrained model, the largest per-rank bytes of
 parameters and optimizer state, and the reduce-scatters of two more optimizer steps (one micro-batch,
-then ``train.grad_accum_steps``). A run named ``lora...`` gets LoRA adapters through peft first.
+then ``train.grad_accum_steps``). A run's ``lora.*`` overrides give it LoRA adapters through peft.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import faulthandler
 import json
 import sys
@@ -20,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.distributed.tensor import DTensor
 
 # One name per line (kept so by the trailing commas): the package name may be long.
@@ -36,24 +34,9 @@ from {{ cookiecutter.package_name }}.distributed import (
 from {{ cookiecutter.package_name }}.model_type.task import (
     TASK,
 )
-from {{ cookiecutter.package_name }}.task_spec import (
-    Task,
-)
 from {{ cookiecutter.package_name }}.trainer import (
     Trainer,
 )
-
-
-def with_lora(task: Task) -> Task:
-    """The task with LoRA adapters on every linear layer of its model, injected before any wrapping."""
-    from peft import LoraConfig, get_peft_model
-
-    def build_model(config: Any, data: Any) -> nn.Module:
-        model = task.build_model(config, data)
-        adapters = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear")
-        return get_peft_model(model, adapters)
-
-    return dataclasses.replace(task, build_model=build_model)
 
 
 def local_bytes(tensor: torch.Tensor) -> int:
@@ -94,8 +77,7 @@ def reduce_scatters(trainer: Trainer) -> list[int]:
 
 
 def train(name: str, overrides: list[str], result_dir: Path, env: DistEnv) -> None:
-    task = with_lora(TASK) if name.startswith("lora") else TASK
-    trainer = Trainer(load_config(overrides), task, env)
+    trainer = Trainer(load_config(overrides), TASK, env)
     trainer.evaluate()
     untrained = {key: value for key, value in trainer.last_eval.items() if key != "epoch"}
     trainer.fit()

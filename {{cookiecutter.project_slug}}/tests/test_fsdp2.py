@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import (
+    NO_ADAPTER_DROPOUT,
     ON_THIS_MACHINE,
     PROJECT,
     children,
@@ -31,7 +32,6 @@ from conftest import (
     without_dropout,
     workers_of,
 )
-from fsdp2_probe import with_lora
 from safetensors.torch import load_file
 
 # One name per line (kept so by the trailing commas): the package name may be long.
@@ -63,11 +63,12 @@ ARITHMETIC_BOUND = 1e-5
 
 @pytest.fixture(scope="session")
 def still(demo, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """The demo without dropout, in fp32: runs that differ only by their arithmetic."""
+    """The demo without dropout (its adapters' too), in fp32: runs that differ only by their arithmetic."""
     directory, overrides = demo
     model = without_dropout(directory / "model", tmp_path_factory.mktemp("still") / "model")
     kept = [item for item in overrides if not item.startswith(("model.pretrained=", "data.batch_size="))]
-    return [*ON_THIS_MACHINE, *kept, f"model.pretrained={model}", "train.precision=fp32", *REPRODUCIBLE]
+    still = [f"model.pretrained={model}", "train.precision=fp32", *REPRODUCIBLE, *NO_ADAPTER_DROPOUT]
+    return [*ON_THIS_MACHINE, *kept, *still]
 
 
 def max_difference(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> float:
@@ -90,6 +91,8 @@ EQUIVALENCE = [
 ]
 TWO_PROCESSES = ["data.batch_size=4", "train.grad_accum_steps=2"]
 LORA = MODEL_TYPE != "custom"  # LoRA adapters are for the Hugging Face model types
+# Every parameter trains, whatever the project's defaults; or small adapters without dropout.
+ADAPTERS = {"full": ["lora=null"], "lora": ["lora.r=4", "lora.alpha=8", "lora.dropout=0"]}
 
 
 @pytest.fixture(scope="session")
@@ -97,9 +100,9 @@ def probed(still, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """fsdp2 (full, and LoRA), and ddp: the same run, each in one process group of 2."""
     results = tmp_path_factory.mktemp("probe")
     base = [*still, *EQUIVALENCE, *TWO_PROCESSES]
-    runs = {"full": [*base, *FSDP2], "ddp": base}
+    runs = {"full": [*base, *FSDP2, *ADAPTERS["full"]], "ddp": [*base, *ADAPTERS["full"]]}
     if LORA:
-        runs["lora"] = [*base, *FSDP2]
+        runs["lora"] = [*base, *FSDP2, *ADAPTERS["lora"]]
     arguments = [
         f"{name}={','.join([*overrides, f'output_dir={results / name}'])}" for name, overrides in runs.items()
     ]
@@ -116,11 +119,11 @@ def probe_result(results: Path, name: str) -> tuple[dict, dict[str, torch.Tensor
     return json.loads((results / f"{name}.json").read_text()), torch.load(results / f"{name}.pt")
 
 
-def one_process(overrides: list[str], lora: bool = False) -> tuple[dict, dict[str, torch.Tensor]]:
+def one_process(overrides: list[str]) -> tuple[dict, dict[str, torch.Tensor]]:
     """The same run in this process (world size 1): the untrained model's evaluation, trained weights."""
     config = load_config(overrides)
     with distributed(config.distributed) as env:
-        trainer = Trainer(config, with_lora(TASK) if lora else TASK, env)
+        trainer = Trainer(config, TASK, env)
         trainer.evaluate()
         untrained = {key: value for key, value in trainer.last_eval.items() if key != "epoch"}
         trainer.fit()
@@ -140,8 +143,7 @@ def test_two_sharded_processes_accumulating_train_what_one_process_trains(
         pytest.importorskip("peft")
     sharded, weights = probe_result(probed, adapters)
     untrained, expected = one_process(
-        [*still, *EQUIVALENCE, "data.batch_size=16", *FSDP2, f"output_dir={tmp_path}"],
-        lora=adapters == "lora",
+        [*still, *EQUIVALENCE, "data.batch_size=16", *FSDP2, *ADAPTERS[adapters], f"output_dir={tmp_path}"]
     )
     assert sharded["untrained"] == untrained  # evaluation is exact: bitwise the same metrics
     worst = max_difference(expected, weights)

@@ -18,6 +18,7 @@ from {{ cookiecutter.package_name }}.config import (
     Precision,
 )
 from {{ cookiecutter.package_name }}.distributed import DistEnv
+from {{ cookiecutter.package_name }}.memory import peak_memory
 from {{ cookiecutter.package_name }}.model import (
     has_training_state_buffers,
     wrap_ddp,
@@ -51,6 +52,8 @@ def test_flops_per_token_count_products_not_look_ups() -> None:
     assert training_flops_per_token(TinyLM(tied=True)) == 6 * (8 * 8 + 64 * 8)  # the table, as a product
     mlp = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
     assert training_flops_per_token(mlp) == 6 * (4 * 3 + 3 + 3 * 2 + 2)
+    mlp[0].requires_grad_(False)  # frozen, as LoRA's base: no gradient of its own to compute
+    assert training_flops_per_token(mlp) == 4 * (4 * 3 + 3) + 6 * (3 * 2 + 2)
 
 
 def test_rates_come_from_the_summed_counts_and_exclude_pauses(monkeypatch) -> None:
@@ -157,3 +160,14 @@ def test_ddp_is_told_which_buffers_to_sync_without_a_deprecation_warning(tmp_pat
         assert batch_norm.broadcast_buffers and not constant.broadcast_buffers
     finally:
         dist.destroy_process_group()
+
+
+def test_peak_memory_is_reported_on_gpus_only_and_reset_each_time(monkeypatch) -> None:
+    assert peak_memory(DistEnv(rank=0, local_rank=0, world_size=1, device=CPU)) == {}
+    peaks, resets = [3 * 2**30, 2**29], []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: peaks.pop(0))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", resets.append)
+    gpu = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0))
+    assert peak_memory(gpu) == {"peak_memory_gib": 3.0}
+    assert peak_memory(gpu) == {"peak_memory_gib": 0.5}  # since the previous report, not since the start
+    assert resets == [gpu.device, gpu.device]

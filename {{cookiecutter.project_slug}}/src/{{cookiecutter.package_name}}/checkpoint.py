@@ -140,7 +140,12 @@ class Checkpointer:
         """A collective: every rank contributes its RNG state (and, for fsdp2, its shards)."""
         self.wait()  # a checkpoint still being written in the background is published first
         rng_states = gather_objects(capture_rng_state(), self.env)
-        header = {"world_size": self.env.world_size, "config": config_yaml, "rng": rng_states}
+        header = {
+            "world_size": self.env.world_size,
+            "config": config_yaml,
+            "rng": rng_states,
+            "frozen_base": state.frozen_base,
+        }
         self.writing_step = state.progress.step
         final = self.layout.path_for(self.directory, state.progress.step)
         if self.env.is_main:
@@ -223,6 +228,8 @@ class Checkpointer:
         return Resumed(path, state.progress.step, payload["config"], payload["world_size"])
 
     def _restore(self, path: Path, payload: dict[str, Any], state: TrainingState, seed: int) -> None:
+        if payload.get("frozen_base", False) != state.frozen_base:
+            raise CheckpointError(mixed_finetuning(path, lora_checkpoint=not state.frozen_base))
         try:
             self.layout.restore(path, payload, state)
         except (RuntimeError, ValueError, KeyError) as error:
@@ -240,6 +247,18 @@ class Checkpointer:
                 "random states are re-seeded, so the run is not bit-identical to an uninterrupted one"
             )
             torch.manual_seed(seed + self.env.rank)
+
+
+def mixed_finetuning(path: Path, lora_checkpoint: bool) -> str:
+    """A run with LoRA adapters cannot continue a run that trained every parameter, nor the reverse."""
+    if lora_checkpoint:
+        held, this_run, fix = "LoRA adapters", "trains every parameter", "the lora settings that wrote it"
+    else:
+        held, this_run, fix = "every parameter", "trains LoRA adapters", "lora=null"
+    return (
+        f"{path} holds a run that trained {held}, and this run {this_run}; resume with {fix}, or use a new "
+        "output_dir (checkpoint.start_over=true moves the old run aside)"
+    )
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -63,6 +63,31 @@ class LogLevel(enum.Enum):
 class ModelConfig:
     pretrained: str = ""
     """Hugging Face hub id or local directory of the checkpoint to fine-tune."""
+    gradient_checkpointing: bool = False
+    """Recompute each block's activations in the backward pass instead of keeping them (non-reentrant):
+    less memory, about a third more compute. Hugging Face models."""
+
+
+@dataclass
+class LoraConfig:
+    """LoRA adapters through peft: the section exists only in runs that train adapters (see the README)."""
+
+    r: int = 16
+    """LoRA: rank of each adapter's update matrices."""
+    alpha: int = 32
+    """LoRA: the update is scaled by alpha / r."""
+    dropout: float = 0.05
+    """LoRA: dropout on the adapters' input."""
+    target_modules: str = "all-linear"
+    """LoRA: `all-linear` (every linear layer but the output layer), or module names, comma-separated
+    (e.g. `q_proj,v_proj`); never the classification head, which trains whole."""
+
+    def __post_init__(self) -> None:
+        require(self.r >= 1, "lora.r", "must be >= 1")
+        require(self.alpha > 0, "lora.alpha", "must be > 0")
+        require(0 <= self.dropout < 1, "lora.dropout", "must be in [0, 1)")
+        names = self.target_modules.replace(",", " ").split()
+        require(bool(names), "lora.target_modules", "must be all-linear or name modules (comma-separated)")
 
 
 @dataclass
@@ -205,6 +230,8 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    lora: LoraConfig | None = None
+    """Train LoRA adapters instead of every parameter; null (absent): every parameter."""
 
     def __post_init__(self) -> None:
         require(bool(self.output_dir.strip()), "output_dir", "must not be empty")

@@ -54,14 +54,21 @@ def type_name(kind: type) -> str:
     return kind.__name__
 
 
+def section(kind: object) -> type | None:
+    """The dataclass of a section of the schema, optional ones (``lora``) included; None for a leaf."""
+    candidates = [kind, *typing.get_args(kind)]
+    return next((c for c in candidates if isinstance(c, type) and dataclasses.is_dataclass(c)), None)
+
+
 def rows(schema: type = Config, prefix: str = "") -> Iterator[tuple[str, str, str]]:
     """(dotted key, type, meaning) of every leaf of the schema, in declaration order."""
     hints = typing.get_type_hints(schema)
     docs = field_docs(schema)
     for field in dataclasses.fields(schema):
         kind = hints[field.name]
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            yield from rows(kind, f"{prefix}{field.name}.")
+        nested = section(kind)
+        if nested is not None:
+            yield from rows(nested, f"{prefix}{field.name}.")
         else:
             yield f"{prefix}{public_key(field.name)}", type_name(kind), docs.get(field.name, "")
 

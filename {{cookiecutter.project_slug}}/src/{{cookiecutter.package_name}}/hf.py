@@ -24,19 +24,49 @@ def quiet_transformers() -> None:
     transformers_logging.set_verbosity_error()
 
 
+# The attribute of a loaded model that names the modules the checkpoint lacked (initialised at loading).
+NEW_MODULES = "modules_new_at_fine_tuning"
+
+
 def load_classifier(auto_class: Any, pretrained: str, label_names: list[str]) -> PreTrainedModel:
     """A pretrained model with a classification head for ``label_names`` (ids in their order), in fp32:
-    the head is new when the checkpoint's label count differs; master weights stay fp32 under autocast."""
+    the head is new when the checkpoint's label count differs; master weights stay fp32 under autocast.
+    The modules whose weights the checkpoint lacked are listed in the model's ``NEW_MODULES`` attribute."""
     import torch
 
-    return auto_class.from_pretrained(
+    model, info = auto_class.from_pretrained(
         pretrained,
         num_labels=len(label_names),
         id2label=dict(enumerate(label_names)),
         label2id={name: index for index, name in enumerate(label_names)},
         ignore_mismatched_sizes=True,
         dtype=torch.float32,
+        output_loading_info=True,
     )
+    missing = [*info.get("missing_keys", ()), *(key for key, *_ in info.get("mismatched_keys", ()))]
+    setattr(model, NEW_MODULES, sorted({key.rpartition(".")[0] for key in missing}))
+    return model
+
+
+def head_modules(model: nn.Module) -> list[str]:
+    """The names of the modules new at fine-tuning, which LoRA trains whole (lora.py): the model's own
+    modules beside its pretrained body (``base_model``) and its output layer (a classification head), and
+    those the checkpoint lacked (``NEW_MODULES``: a BERT pooler of a masked-LM checkpoint), which would
+    otherwise stay at a random start that the adapter alone cannot restore."""
+    body = getattr(model, "base_model", model)
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None
+    heads = [
+        name
+        for name, child in model.named_children()
+        if body is not model
+        and child is not body
+        and child is not output
+        and any(True for _ in child.parameters())
+    ]
+    inside_heads = tuple(f"{head}." for head in heads)
+    new = [name for name in getattr(model, NEW_MODULES, []) if name and not name.startswith(inside_heads)]
+    return [*heads, *(name for name in new if name not in heads)]
 
 
 def save_pretrained(model: nn.Module, preprocessor: Any, directory: Path) -> None:

@@ -12,6 +12,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .config import DistributedConfig
 from .distributed import DistEnv, is_distributed
+from .validation import ConfigError
 
 
 def wrap_ddp(model: nn.Module, env: DistEnv, config: DistributedConfig) -> nn.Module:
@@ -43,6 +44,33 @@ def has_training_state_buffers(model: nn.Module) -> bool:
     attention masks) are constants kept out of the state dict, and re-sending them each step costs
     as much as a layer's forward on a small model."""
     return bool(state_buffers(model))
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """transformers' gradient checkpointing, always the non-reentrant variant: it needs no input that
+    requires a gradient (a frozen embedding under LoRA) and works with DDP's no_sync, unused parameters
+    where the reentrant one fails."""
+    non_reentrant = {"use_reentrant": False}
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            f"model.gradient_checkpointing=true: {type(model).__name__} does not support it "
+            "(transformers models offer gradient_checkpointing_enable); run with "
+            "model.gradient_checkpointing=false"
+        )
+    transformers_model: Any = model
+    if hasattr(model, "activation_checkpointing_enable"):  # its newer name, without the deprecation
+        transformers_model.activation_checkpointing_enable(activation_checkpointing_kwargs=non_reentrant)
+    else:
+        transformers_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=non_reentrant)
+
+
+def trainable_share(model: nn.Module) -> str:
+    """``trainable 0.59 M of 124 M (0.47 %)``: the parameters the optimizer updates, of all (each once)."""
+    parameters = list(model.parameters())
+    total = sum(p.numel() for p in parameters)
+    trainable = sum(p.numel() for p in parameters if p.requires_grad)
+    share = 100 * trainable / total if total else 0.0
+    return f"trainable {trainable / 1e6:.3g} M of {total / 1e6:.3g} M ({share:.2f} %)"
 
 
 def compile_model(model: nn.Module) -> nn.Module:

@@ -70,6 +70,19 @@ def check_tracker(config: TrackerConfig) -> None:
         )
 
 
+def check_lora(config: Config) -> None:
+    """LoRA adapters need peft, and a Hugging Face model to put them on."""
+    if config.lora is None:
+        return
+    if MODEL_TYPE == "custom":
+        raise ConfigError(
+            "lora: LoRA adapters go on a Hugging Face model's linear layers, and this project trains its own "
+            "module; remove the lora.* overrides (or run with lora=null)"
+        )
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError("lora needs the peft package: pip install peft (or run with lora=null)")
+
+
 def check(config: Config, before_launch: bool = True) -> None:
     """Raise ``ConfigError`` naming the first thing that keeps this run from starting.
 
@@ -80,6 +93,7 @@ def check(config: Config, before_launch: bool = True) -> None:
 
     check_config(config)
     check_tracker(config.tracker)
+    check_lora(config)
     require_writable_output_dir(config.output_dir)
     resolve_if_used(config.model.pretrained, MODEL_TYPE, use_network=before_launch)
     if before_launch:

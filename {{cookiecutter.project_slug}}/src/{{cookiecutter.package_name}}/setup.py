@@ -13,6 +13,7 @@ from .checkpoint import Resumed
 from .config import Config, Precision
 from .distributed import DistEnv, barrier, main_process_first
 from .log import log
+from .model import enable_gradient_checkpointing, trainable_share
 from .optim import build_optimizer, build_scheduler
 from .parallel import Parallel
 from .precision import effective_precision, fallback_warning
@@ -120,10 +121,19 @@ def build_training_state(
     """The model on this rank's device, wrapped for DDP or sharded for FSDP2, with its optimizer,
     schedule and loss scaler.
 
-    Adapters (LoRA) must be in ``model`` already: FSDP2 shards what is there, and the optimizer takes
-    the trainable parameters, sharded. Every rank then loads the same checkpoint (if any) into the
-    result, so wrapping before loading is safe.
+    Gradient checkpointing and LoRA adapters go in before the model is wrapped: DDP and FSDP2 see the
+    adapters (FSDP2 shards them with the blocks they sit in), and the optimizer takes the trainable
+    parameters. Every rank then loads the same checkpoint (if any) into the result, so wrapping before
+    loading is safe.
     """
+    if config.model.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    if config.lora is not None:
+        from .lora import add_adapters  # peft: only runs that train adapters import it
+
+        model = add_adapters(model, config.lora, config.seed)
+    if env.is_main:
+        log.info(trainable_share(model))
     wrapped = parallel.wrap(model)  # on this rank's device; FSDP2 moves it there one block at a time
     optimizer = build_optimizer(model, config.train, env.device)
     return TrainingState(
@@ -131,4 +141,5 @@ def build_training_state(
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, config.train, total_steps),
         scaler=parallel.grad_scaler(),
+        frozen_base=config.lora is not None,
     )

@@ -2,7 +2,8 @@
 ``torch.distributed.checkpoint`` (DCP), readable by any number of processes.
 
     checkpoints/step-00000123/
-        __0_0.distcp, __1_0.distcp, ...   each rank's shards of the model and of the optimizer state
+        __0_0.distcp, __1_0.distcp, ...   each rank's shards of the model (LoRA: of its trainable
+                                          parameters) and of the optimizer state
         .metadata                         DCP's index of the shards (rank 0)
         trainer.pt                        rank 0: scheduler, scaler, progress (the sampler's position),
                                           optimizer hyper-parameters, every rank's RNG states, the config
@@ -36,6 +37,7 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -114,12 +116,17 @@ def check_shards(directory: Path, index: Metadata) -> None:
             raise CheckpointError(f"{name} is missing or cut short")
 
 
+def model_options(state: TrainingState) -> StateDictOptions:
+    """LoRA: the frozen base is left out (TrainingState.frozen_base), and loading does not miss it."""
+    return StateDictOptions(ignore_frozen_params=state.frozen_base, strict=not state.frozen_base)
+
+
 def tensors_of(state: TrainingState) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The state's tensors, sharded as this run holds them, and the optimizer's hyper-parameters (keyed
     by parameter name, so they fit any world size)."""
     optimizer: Any = get_optimizer_state_dict(state.module, state.optimizer)
-    tensors = {"model": get_model_state_dict(state.module), "optimizer": optimizer["state"]}
-    return tensors, optimizer["param_groups"]
+    model = get_model_state_dict(state.module, options=model_options(state))
+    return {"model": model, "optimizer": optimizer["state"]}, optimizer["param_groups"]
 
 
 def first_failure(error: CheckpointException) -> BaseException:
@@ -223,7 +230,7 @@ class ShardedDirectory:
             failure = first_failure(error)
         if failure is not None:
             raise RuntimeError(str(failure).strip() or type(failure).__name__)
-        set_model_state_dict(state.module, tensors["model"])
+        set_model_state_dict(state.module, tensors["model"], options=model_options(state))
         optimizer = {"state": tensors["optimizer"], "param_groups": payload["param_groups"]}
         set_optimizer_state_dict(state.module, state.optimizer, optimizer)
         state.scheduler.load_state_dict(payload["scheduler"])

@@ -30,6 +30,9 @@ class TrainingState:
     optimizer: torch.optim.Optimizer
     scheduler: LRScheduler
     scaler: torch.amp.GradScaler
+    frozen_base: bool = False
+    """LoRA: the pretrained parameters are frozen, so checkpoints leave them out (a resume loads them from
+    ``model.pretrained`` again) and hold the trainable ones, state buffers and their optimizer state."""
     progress: Progress = field(default_factory=Progress)
 
     @property
@@ -37,9 +40,18 @@ class TrainingState:
         """The user's model, without the DDP and torch.compile wrappers (and their name prefixes)."""
         return unwrap(self.model)
 
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """What checkpoints hold of the model: all of its state, or without the frozen base's parameters."""
+        state = self.module.state_dict()
+        if not self.frozen_base:
+            return state
+        parameters = self.module.named_parameters(remove_duplicate=False)
+        frozen = {name for name, parameter in parameters if not parameter.requires_grad}
+        return {name: tensor for name, tensor in state.items() if name not in frozen}
+
     def state_dict(self) -> dict[str, Any]:
         return {
-            "model": self.module.state_dict(),
+            "model": self.model_state(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
@@ -48,7 +60,11 @@ class TrainingState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Raises RuntimeError, ValueError or KeyError when the state belongs to another model."""
-        self.module.load_state_dict(state["model"])
+        expected, saved = set(self.model_state()), set(state["model"])
+        if saved != expected:
+            name = sorted(saved - expected or expected - saved)[0]
+            raise RuntimeError(f"{'unexpected' if name in saved else 'missing'} {name}")
+        self.module.load_state_dict(state["model"], strict=not self.frozen_base)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])

@@ -49,16 +49,18 @@ def device_peak_flops(device: torch.device, precision: Precision, configured_tfl
 
 
 def training_flops_per_token(model: nn.Module) -> float:
-    """6 x the parameters that multiply each position (forward 2, backward 4): embedding tables are
-    look-ups, not products, and count only where the output layer reuses them (tied weights)."""
+    """Per parameter that multiplies each position: 2 in the forward pass, 2 for the gradient of its
+    input, and 2 more for its own gradient where it trains (6 in all; 4 for LoRA's frozen base). Embedding
+    tables are look-ups, not products, and count only where the output layer reuses them (tied weights).
+    Recomputation under gradient checkpointing is not counted: mfu counts the model's FLOPs."""
     embeddings = [module.weight for module in model.modules() if isinstance(module, nn.Embedding)]
     looked_up = {id(weight) for weight in embeddings}
-    multiplying = sum(p.numel() for p in model.parameters() if p.requires_grad and id(p) not in looked_up)
+    multiplying = [p for p in model.parameters() if id(p) not in looked_up]
     get_output = getattr(model, "get_output_embeddings", None)  # transformers models have one
     output_weight = getattr(get_output(), "weight", None) if callable(get_output) else None
-    if isinstance(output_weight, torch.Tensor) and id(output_weight) in looked_up:
-        multiplying += output_weight.numel()
-    return 6.0 * multiplying
+    if isinstance(output_weight, nn.Parameter) and id(output_weight) in looked_up:
+        multiplying.append(output_weight)
+    return sum((6.0 if p.requires_grad else 4.0) * p.numel() for p in multiplying)
 
 
 class Throughput:

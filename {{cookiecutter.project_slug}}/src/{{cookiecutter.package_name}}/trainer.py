@@ -19,6 +19,8 @@ from .distributed import DistEnv, all_reduce_sum, all_reduce_sum_cpu, barrier, b
 from .evaluation import evaluate
 from .log import log
 from .longest_batch import try_longest_batch
+from .lora import save_final
+from .memory import peak_memory
 from .metrics import MetricsWriter
 from .model import compile_model, sync_state_buffers
 from .nonfinite import NonFiniteGuard
@@ -267,6 +269,7 @@ class Trainer:
         assert plan.val_loader is not None and plan.eval_batches is not None
         batches, task = plan.eval_batches, self.task
         results = evaluate(self.state.model, plan.val_loader, batches, task, self.env, self.parallel)
+        results.update(peak_memory(self.env))  # on GPUs: the most any rank held since the last evaluation
         self.last_eval = {"step": self.state.progress.step, "epoch": self.epoch_progress(), **results}
         self.metrics.write(self.last_eval)
 
@@ -282,7 +285,7 @@ class Trainer:
                 partial = self.output_dir / ".final.partial"
                 shutil.rmtree(partial, ignore_errors=True)
                 partial.mkdir(parents=True)
-                self.task.save_final(module, self.data, partial)
+                save_final(self.task, module, self.data, partial)  # LoRA: merged, and the adapter
                 shutil.rmtree(final, ignore_errors=True)
                 partial.rename(final)
                 log.info(f"fine-tuned model saved: {final}")

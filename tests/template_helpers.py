@@ -174,6 +174,7 @@ def read_tree(root: Path) -> dict[str, tuple[bytes, bool]]:
 
 
 BINARY_SUFFIXES = {".png"}
+JINJA_SUFFIXES = {".jinja"}  # chat templates: Jinja by design, copied without rendering
 GITHUB_EXPRESSION = re.compile(r"\$\{\{[^}]*\}\}")
 
 
@@ -181,7 +182,7 @@ def leftover_template_syntax(root: Path) -> list[str]:
     """'path: token' for every Jinja token left in a file's name or content."""
     found = []
     for relative in sorted(list_files(root)):
-        if Path(relative).suffix in BINARY_SUFFIXES:
+        if Path(relative).suffix in BINARY_SUFFIXES | JINJA_SUFFIXES:
             continue
         text = relative + "\n" + (root / relative).read_text(encoding="utf-8")
         text = GITHUB_EXPRESSION.sub("", text)  # ${{ ... }} is GitHub Actions' own syntax

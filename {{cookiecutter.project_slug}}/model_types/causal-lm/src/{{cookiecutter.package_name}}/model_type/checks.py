@@ -8,6 +8,8 @@ from ..preflight import require_file, require_pretrained
 
 def check_config(config: Config) -> None:
     require_pretrained(config)
+    if config.data.chat_template:
+        require_file("data.chat_template", config.data.chat_template)
     if config.data.hub_dataset:  # a hub id is no path: it is read, and checked, when the run starts
         return
     require_file("data.train_file", config.data.train_file)

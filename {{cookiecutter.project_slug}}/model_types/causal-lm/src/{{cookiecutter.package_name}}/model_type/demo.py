@@ -1,9 +1,12 @@
-"""A tiny GPT-2 with its own byte-level BPE tokenizer (no pad token, like GPT-2), and a small corpus."""
+"""A tiny GPT-2 with its own byte-level BPE tokenizer (no pad token and no chat template, like GPT-2), a
+small corpus of documents, and instruction data for the same model: prompt/completion pairs and chat
+conversations, with a chat template beside them (``chat_template.jinja``)."""
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import torch
@@ -33,6 +36,34 @@ def write_split(path: Path, rng: random.Random, count: int) -> list[str]:
     texts = [document(rng) for _ in range(count)]
     path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts), encoding="utf-8")
     return texts
+
+
+def instruction(rng: random.Random) -> tuple[str, list[tuple[str, str]]]:
+    """A sentence, and two questions about it with their answers, of 1 to about 4 words each."""
+    subject, verb, thing, place = (rng.choice(words) for words in (SUBJECTS, VERBS, OBJECTS, PLACES))
+    sentence = f"{subject} {verb} {thing} {place}.".capitalize()
+    questions = [("Who?", subject), ("What?", thing), ("Where?", place), ("Did what?", verb)]
+    return sentence, rng.sample(questions, 2)
+
+
+def write_instructions(directory: Path, name: str, rng: random.Random, count: int) -> None:
+    """``instructions-<name>.jsonl`` of prompt/completion pairs and ``chat-<name>.jsonl`` of
+    conversations of one or two questions."""
+    pairs, chats = [], []
+    for _ in range(count):
+        sentence, ((question, answer), (follow_up, second)) = instruction(rng)
+        pairs.append({"prompt": f"{sentence} {question}", "completion": f" {answer}"})
+        messages = [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": f"{sentence} {question}"},
+            {"role": "assistant", "content": answer},
+        ]
+        if rng.random() < 0.5:
+            messages += [{"role": "user", "content": follow_up}, {"role": "assistant", "content": second}]
+        chats.append({"messages": messages})
+    for path, records in ((f"instructions-{name}.jsonl", pairs), (f"chat-{name}.jsonl", chats)):
+        text = "".join(json.dumps(record) + "\n" for record in records)
+        (directory / path).write_text(text, encoding="utf-8")
 
 
 def build_tokenizer(corpus: list[str], max_length: int = 128) -> PreTrainedTokenizerFast:
@@ -76,6 +107,10 @@ def build(directory: Path) -> list[str]:
     corpus += write_split(directory / "val.jsonl", rng, 41)
     model_dir = directory / "model"
     save_tiny_gpt2(build_tokenizer(corpus), model_dir, hidden=32, layers=2, heads=2)
+    instructions = random.Random(1)  # a stream of its own: the documents above stay as they were
+    write_instructions(directory, "train", instructions, 400)
+    write_instructions(directory, "val", instructions, 40)
+    shutil.copyfile(Path(__file__).with_name("chat_template.jinja"), directory / "chat_template.jinja")
     return [
         f"model.pretrained={model_dir}",
         f"data.train_file={directory / 'train.jsonl'}",

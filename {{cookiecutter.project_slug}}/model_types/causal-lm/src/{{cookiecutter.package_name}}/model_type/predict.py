@@ -1,5 +1,7 @@
-"""``python -m <package>.predict``: continue the texts of a JSON Lines file (``text``, the prompt) with a
-fine-tuned causal language model. Each record: ``completion``, the generated text after the prompt;
+"""``python -m <package>.predict``: answer the prompts of a JSON Lines file with a fine-tuned causal language
+model, each line in a training format: ``{"text"}`` (continued), ``{"prompt"}`` (the completion data's
+prompt) or ``{"messages"}`` (a conversation, answered as the assistant through the chat template saved in
+the model folder). Each record: ``completion``, the generated text after the prompt;
 greedy by default, sampled with ``--temperature`` > 0. ``PREDICTION`` at the end hands it to the shared
 command."""
 
@@ -16,6 +18,9 @@ from ..cli import whole_number
 from ..data import DataError, iter_jsonl
 from ..hf import load_fine_tuned, load_preprocessor
 from ..task_spec import PredictError, Prediction
+from .instructions import message_problem
+
+Prompt = tuple[str, Any]  # the record's format (text, prompt, messages) and its value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,12 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="of the sampling (default: 0)")
 
 
-def read_inputs(path: Path) -> list[str]:
-    prompts = []
-    for row in iter_jsonl(path, ("text",)):
-        if not isinstance(row["text"], str):
-            raise DataError(f"{path}:{row['_line']}: field 'text' must be a string")
-        prompts.append(row["text"])
+def read_inputs(path: Path) -> list[Prompt]:
+    prompts: list[Prompt] = []
+    for row in iter_jsonl(path, ()):
+        kind = next((name for name in ("messages", "prompt", "text") if name in row), None)
+        if kind is None:
+            raise DataError(f"{path}:{row['_line']}: missing field 'text' (or 'prompt', or 'messages')")
+        problem = message_problem(row[kind]) if kind == "messages" else None
+        if kind != "messages" and not isinstance(row[kind], str):
+            problem = f"field {kind!r} must be a string"
+        if problem:
+            raise DataError(f"{path}:{row['_line']}: {problem}")
+        prompts.append((kind, row[kind]))
     return prompts
 
 
@@ -72,11 +83,22 @@ class Generator:
             )
         torch.manual_seed(options.seed)
 
-    def prepare(self, inputs: list[str]) -> list[list[int]]:
-        """Token ids of each prompt: its last tokens where it is longer than the context leaves room for;
-        an empty prompt starts a document (the end-of-text token, which separates documents in training)."""
-        encoded = self.tokenizer(inputs, add_special_tokens=False)["input_ids"]
-        return [ids[-self.prompt_room :] if ids else [self.tokenizer.eos_token_id] for ids in encoded]
+    def prepare(self, inputs: list[Prompt]) -> list[list[int]]:
+        """Token ids of each prompt, as training made them: its last tokens where it is longer than the
+        context leaves room for; an empty text starts a document (the end-of-text token, which separates
+        documents in training)."""
+        return [self.encode(kind, value)[-self.prompt_room :] for kind, value in inputs]
+
+    def encode(self, kind: str, value: Any) -> list[int]:
+        if kind == "messages":
+            if self.tokenizer.chat_template is None:
+                raise PredictError(
+                    'the model\'s tokenizer has no chat template for {"messages"} prompts; train with '
+                    'data.chat_template, or give {"prompt"} lines'
+                )
+            value = self.tokenizer.apply_chat_template(value, tokenize=False, add_generation_prompt=True)
+        ids = self.tokenizer(value, add_special_tokens=kind == "prompt")["input_ids"]
+        return ids or [self.tokenizer.eos_token_id]
 
     def length(self, item: list[int]) -> int:
         return len(item)

@@ -11,7 +11,9 @@ from ..validation import require
 @dataclass
 class DataSettings(HubDataSettings):
     text_field: str = "text"
-    """The column (JSON field) holding each document."""
+    """The column (JSON field) holding each document of plain-text data."""
+    chat_template: str = ""
+    """A Jinja file that renders {"messages"} data, in place of the tokenizer's own chat template."""
     max_length: int = 256
     """Tokens per sample, capped by the model's own limit."""
     preprocessing_processes: int = 0

@@ -1,12 +1,14 @@
-"""Causal language modelling: documents of text, fine-tuning an AutoModelForCausalLM.
+"""Causal language modelling: documents of text, or instruction samples, fine-tuning an AutoModelForCausalLM.
 
 The data is JSON Lines, JSON, CSV or Parquet (``data.train_file``, ``data.val_file``), or the splits of a
-hub dataset or local dataset folder (``data.hub_dataset``), read with Hugging Face ``datasets``; the text
-column is ``data.text_field``. Documents are tokenized, joined with the end-of-text token into one stream
-and cut into blocks of ``data.max_length`` tokens, capped by the model's context. Consecutive blocks
-overlap by one token, so every token after the first is a prediction target exactly once. Training uses
-full blocks only, so every rank's batch holds the same number of tokens; validation keeps the shorter
-last block, so evaluation scores every validation token exactly once across ranks.
+hub dataset or local dataset folder (``data.hub_dataset``), read with Hugging Face ``datasets``. A file of
+``{"prompt", "completion"}`` or ``{"messages"}`` records holds instruction samples (instructions.py); a
+file of documents has them in the column ``data.text_field``. Documents are tokenized, joined with the
+end-of-text token into one stream and cut into blocks of ``data.max_length`` tokens, capped by the model's
+context (packing.py). Consecutive blocks overlap by one token, so every token after the first is a
+prediction target exactly once. Training uses full blocks only, so every rank's batch holds the same
+number of tokens; validation keeps the shorter last block, so evaluation scores every validation token
+exactly once across ranks.
 
 Preprocessing runs once per filesystem (see data_cache.py): tokenizing and packing are each a batched
 ``map`` in as many processes as there are cores, into Arrow files under ``output_dir/cache`` that every
@@ -29,7 +31,7 @@ from torch import nn
 from torch.utils.data import Dataset
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from ..arrow_rows import IntegerLists, flat_values
+from ..arrow_rows import IntegerLists
 from ..config import Config, ConfigError
 from ..data import DataError
 from ..data_cache import arrow_file, prepare, processes
@@ -38,73 +40,18 @@ from ..data_sources import (
     SplitReader,
     naming_undecodable,
     quiet_datasets,
-    read_text_split,
+    require_fields,
+    require_text,
     split_sources,
 )
 from ..distributed import DistEnv
 from ..hf import quiet_transformers, save_pretrained
 from ..log import log
 from ..task_spec import Batch, Task, TaskData, at_least_fp32, count_real_tokens
+from .instructions import IGNORE_INDEX, SampleDataset, detect_format, samples
+from .packing import PACK_BATCH, TOKENS, BlockDataset, CutBlocks, Tokenize, block_count
 
-IGNORE_INDEX = -100  # label of padding: no loss
-CACHE_FORMAT = 2  # of the packed blocks; part of their key, so an older layout is never read
-PACK_BATCH = 1000  # blocks cut per call of the packing map
-IDS_ONLY = {"return_attention_mask": False, "return_token_type_ids": False}  # 15% less tokenizer time
-TOKENS = datasets.Features({"input_ids": datasets.List(datasets.Value("int32"))})
-
-
-def block_count(tokens: int, size: int, keep_partial: bool) -> int:
-    """Blocks of ``size`` tokens, overlapping by one, in a stream of ``tokens``: block i starts at
-    i * (size - 1). With ``keep_partial``, every start that leaves at least one target."""
-    stride = size - 1
-    if keep_partial:
-        return math.ceil((tokens - 1) / stride) if tokens >= 2 else 0
-    return (tokens - size) // stride + 1 if tokens >= size else 0
-
-
-class BlockDataset(Dataset):
-    """The blocks of a packed split, memory-mapped: block i as an int32 tensor (batches are int64)."""
-
-    def __init__(self, rows: datasets.Dataset) -> None:
-        self.blocks = IntegerLists(rows, "input_ids")
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.tensor(self.blocks[index])
-
-
-class Tokenize:
-    """The tokenizing ``map``: each document's token ids, followed by the end-of-text token."""
-
-    def __init__(self, tokenizer: Any, text_field: str) -> None:
-        self.tokenizer, self.text_field = tokenizer, text_field
-
-    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
-        texts = batch[self.text_field]
-        encoded = self.tokenizer(texts, add_special_tokens=False, **IDS_ONLY)["input_ids"]
-        return {"input_ids": [[*ids, self.tokenizer.eos_token_id] for ids in encoded]}
-
-
-class CutBlocks:
-    """The packing ``map``, over block numbers: each block's tokens, read from the documents it spans.
-
-    ``ends[d]`` is where document d ends in the stream of all documents; a batch of consecutive blocks
-    reads just the documents under it, so the result equals cutting the whole stream at once.
-    """
-
-    def __init__(self, documents: datasets.Dataset, ends: np.ndarray, size: int) -> None:
-        self.documents, self.ends, self.size = documents, ends, size
-
-    def __call__(self, batch: dict[str, list[int]]) -> dict[str, list[np.ndarray]]:
-        stride, blocks = self.size - 1, batch["block"]
-        start, stop = blocks[0] * stride, min(blocks[-1] * stride + self.size, int(self.ends[-1]))
-        first = int(np.searchsorted(self.ends, start, side="right"))
-        last = int(np.searchsorted(self.ends, stop - 1, side="right"))
-        stream = flat_values(self.documents.data.slice(first, last - first + 1).column("input_ids"))
-        offset = int(self.ends[first - 1]) if first else 0
-        return {"input_ids": [stream[b * stride - offset : b * stride - offset + self.size] for b in blocks]}
+CACHE_FORMAT = 3  # of the packed blocks; part of their key, so an older layout is never read
 
 
 def load_tokenizer(config: Config) -> Any:
@@ -138,23 +85,35 @@ class PackRecipe:
         self.train_source, self.val_source = split_sources(data, data.train_file, data.val_file)
         self.tokenizer, self.reader, self.text_field = tokenizer, reader, data.text_field
         self.size, self.processes = block_size(config), data.preprocessing_processes
+        self.template = Path(data.chat_template).read_text(encoding="utf-8") if data.chat_template else None
 
     def key(self) -> str:
         sources = [self.train_source, self.val_source]
         # A hub id is known by the fingerprint datasets gives what it loaded (no public name for it).
         data = [s and (s.fingerprint() or self.reader.read(s)._fingerprint) for s in sources]
-        settings = (CACHE_FORMAT, self.size, self.text_field)
+        settings = (CACHE_FORMAT, self.size, self.text_field, self.template)
         return str(Hasher.hash((data, settings, Hasher.hash(self.tokenizer))))
 
     def build(self, folder: Path) -> tuple[dict[str, datasets.Dataset], dict[str, Any]]:
         with naming_undecodable(self.train_source, self.val_source):
-            splits = {"train": self.blocks(self.train_source, folder, "train", keep_partial=False)}
+            splits = {"train": self.split(self.train_source, folder, "train")}
             if self.val_source is not None:
-                splits["val"] = self.blocks(self.val_source, folder, "val", keep_partial=True)
+                splits["val"] = self.split(self.val_source, folder, "val")
         return splits, {"block_size": self.size}
 
-    def blocks(self, source: Source, folder: Path, split: str, keep_partial: bool) -> datasets.Dataset:
-        rows = read_text_split(self.reader, source, self.text_field)
+    def split(self, source: Source, folder: Path, split: str) -> datasets.Dataset:
+        rows = self.reader.read(source)
+        kind = detect_format(rows, source, self.text_field)
+        if kind != "text":
+            encoding = (self.tokenizer, self.size, self.template, self.processes)
+            return samples(self.reader, rows, source, kind, encoding, folder, split)
+        require_fields(rows, source, (self.text_field,))
+        require_text(rows, source, self.text_field)
+        return self.blocks(rows, source, folder, split, keep_partial=split == "val")
+
+    def blocks(
+        self, rows: datasets.Dataset, source: Source, folder: Path, split: str, keep_partial: bool
+    ) -> datasets.Dataset:
         started, workers = time.monotonic(), processes(len(rows), self.processes)
         documents = rows.map(
             Tokenize(self.tokenizer, self.text_field),
@@ -196,36 +155,56 @@ def build_data(config: Config, env: DistEnv) -> TaskData:
     quiet_transformers()
     quiet_datasets()
     tokenizer = load_tokenizer(config)
+    if config.data.chat_template:  # saved with the tokenizer in final/, for predict and generation
+        tokenizer.chat_template = Path(config.data.chat_template).read_text(encoding="utf-8")
     root = Path(config.output_dir) / "cache"
     with SplitReader(root) as reader:
         prepared = prepare(PackRecipe(config, tokenizer, reader), root, env)
-    val = prepared.splits.get("val")
-    log.info(f"training on blocks of {prepared.meta['block_size']} tokens")
+    train, val = (as_dataset(prepared.splits.get(split)) for split in ("train", "val"))
+    assert train is not None
+    shape = "samples of up to" if isinstance(train, SampleDataset) else "blocks of"
+    log.info(f"training on {shape} {prepared.meta['block_size']} tokens")
     return TaskData(
-        train=BlockDataset(prepared.splits["train"]),
-        val=BlockDataset(val) if val is not None else None,
+        train=train,
+        val=val,
         collate=Collator(tokenizer.pad_token_id),
         label_names=[],
         preprocessor=tokenizer,
         count_tokens=count_real_tokens,
+        train_lengths=lengths(train),
+        val_lengths=lengths(val),
     )
 
 
+def as_dataset(rows: datasets.Dataset | None) -> SampleDataset | BlockDataset | None:
+    """Instruction samples carry their labels; packed blocks are their own labels."""
+    if rows is None:
+        return None
+    return SampleDataset(rows) if "labels" in rows.column_names else BlockDataset(rows)
+
+
+def lengths(dataset: Dataset | None) -> torch.Tensor | None:
+    """Sample lengths, for length grouping; None for blocks, which all have one length."""
+    return torch.from_numpy(dataset.lengths()) if isinstance(dataset, SampleDataset) else None
+
+
 class Collator:
-    """Stacks blocks; only the shorter last validation block needs padding, which gets no loss."""
+    """Pads a batch on the right, with no loss on padding: instruction samples of many lengths, or blocks
+    (only the shorter last validation block needs padding). A block is its own labels."""
 
     def __init__(self, pad_token_id: int) -> None:
         self.pad_token_id = pad_token_id
 
-    def __call__(self, blocks: list[torch.Tensor]) -> Batch:
-        longest = max(len(block) for block in blocks)
-        input_ids = torch.full((len(blocks), longest), self.pad_token_id, dtype=torch.long)
-        labels = torch.full((len(blocks), longest), IGNORE_INDEX, dtype=torch.long)
-        attention_mask = torch.zeros((len(blocks), longest), dtype=torch.long)
-        for row, block in enumerate(blocks):
-            input_ids[row, : len(block)] = block
-            labels[row, : len(block)] = block
-            attention_mask[row, : len(block)] = 1
+    def __call__(self, items: list[torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]]) -> Batch:
+        pairs = [item if isinstance(item, tuple) else (item, item) for item in items]
+        longest = max(len(ids) for ids, _ in pairs)
+        input_ids = torch.full((len(pairs), longest), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(pairs), longest), IGNORE_INDEX, dtype=torch.long)
+        attention_mask = torch.zeros((len(pairs), longest), dtype=torch.long)
+        for row, (ids, targets) in enumerate(pairs):
+            input_ids[row, : len(ids)] = ids
+            labels[row, : len(ids)] = targets
+            attention_mask[row, : len(ids)] = 1
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
@@ -242,7 +221,9 @@ def build_model(config: Config, data: TaskData) -> nn.Module:
 
 def _token_losses(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss of predicting token t+1 from tokens <= t, and the mask of positions that count."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    # No key/value cache: training attends through the padding mask alone, never to cached positions.
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    logits = model(**inputs, use_cache=False).logits
     targets = batch["labels"][:, 1:]
     losses = F.cross_entropy(
         at_least_fp32(logits[:, :-1].flatten(0, 1)),

@@ -7,7 +7,8 @@ unscaled, unclipped). ``sgd``: the weights after ``train.max_steps`` steps of pl
 safetensors file. In float64 the
 runs of different world sizes and accumulation differ only by the order of their sums, so they compare
 to a tolerance far below what a scale bug moves. MUTATION (``loss_times_world_size``,
-``no_accumulation_weight``, or ``none``) injects the bug these proofs exist to catch.
+``no_accumulation_weight``, ``micro_batch_means`` or ``none``) injects the bug these proofs exist to
+catch.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from {{ cookiecutter.package_name }}.model_type.task import (
 from {{ cookiecutter.package_name }}.task_spec import (
     Task,
     TaskData,
+    count_samples,
 )
 from {{ cookiecutter.package_name }}.trainer import (
     Trainer,
@@ -69,6 +71,15 @@ def mutate(task: Task, mutation: str, world_size: int) -> Task:
     if mutation == "loss_times_world_size":  # a sum over the ranks where the mean belongs
         return dataclasses.replace(
             task, loss_sum=lambda model, batch: task.loss_sum(model, batch) * world_size
+        )
+    if mutation == "micro_batch_means" and task.count_targets is not None:
+        # Each micro-batch's mean over its own targets, weighted by its share of the samples: the
+        # gradient accumulation bug of micro-batches with different numbers of target tokens.
+        count = task.count_targets
+        return dataclasses.replace(
+            task,
+            loss_sum=lambda model, batch: task.loss_sum(model, batch) * count_samples(batch) / count(batch),
+            count_targets=None,
         )
     return task
 

@@ -138,7 +138,10 @@ class UniformModel(torch.nn.Module):
         super().__init__()
         self.vocab = vocab
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, use_cache: bool
+    ) -> SimpleNamespace:
+        assert not use_cache  # training and evaluation never attend through a key/value cache
         return SimpleNamespace(logits=torch.zeros(*input_ids.shape, self.vocab))
 
 

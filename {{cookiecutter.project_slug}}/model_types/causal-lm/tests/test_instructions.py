@@ -1,0 +1,248 @@
+"""Instruction data: which tokens are targets, cut samples, refused files, and a step's loss as the mean
+over every target token of the global batch, whatever the processes and micro-batches."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ON_THIS_MACHINE, PROJECT, launch_env, read_metrics, run_launch
+from predict_helpers import predictions
+from safetensors.torch import load_file
+from test_equivalence import assert_same_tensors
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+# One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.config import (
+    load_config,
+)
+from {{ cookiecutter.package_name }}.data import (
+    DataError,
+)
+from {{ cookiecutter.package_name }}.distributed import (
+    DistEnv,
+)
+from {{ cookiecutter.package_name }}.model_type import (
+    instructions,
+    task,
+)
+
+ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+IGNORE = instructions.IGNORE_INDEX
+
+
+def _write(path: Path, rows: list[object]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return str(path)
+
+
+def _data(demo, tmp_path: Path, train: str | list[object], *extra: str):
+    """The task's data for a training file (a demo file's name, or records), without validation."""
+    directory, _ = demo
+    train_file = directory / train if isinstance(train, str) else _write(tmp_path / "train.jsonl", train)
+    config = load_config(
+        [
+            f"model.pretrained={directory / 'model'}",
+            f"data.train_file={train_file}",
+            "data.val_file=",
+            f"data.chat_template={directory / 'chat_template.jinja'}",
+            f"output_dir={tmp_path / 'out'}",
+            *ON_THIS_MACHINE,
+            "data.max_length=128",
+            *extra,
+        ]
+    )
+    return task.build_data(config, ENV)
+
+
+def _targets(sample: tuple[torch.Tensor, torch.Tensor]) -> list[int]:
+    ids, labels = sample
+    return [int(token) for token, label in zip(ids, labels, strict=True) if label != IGNORE]
+
+
+def test_prompt_completion_trains_on_the_completion_and_its_end_only(demo, tmp_path: Path) -> None:
+    data = _data(demo, tmp_path, "instructions-train.jsonl")
+    tokenizer = data.preprocessor
+    rows = [json.loads(line) for line in (demo[0] / "instructions-train.jsonl").read_text().splitlines()]
+    assert len(data.train) == len(rows)
+    for sample, row in zip(data.train, rows[:50], strict=False):
+        prompt = tokenizer(row["prompt"])["input_ids"]
+        completion = tokenizer(row["completion"], add_special_tokens=False)["input_ids"]
+        assert sample[0].tolist() == [*prompt, *completion, tokenizer.eos_token_id]
+        assert sample[1][: len(prompt)].tolist() == [IGNORE] * len(prompt)
+        assert _targets(sample) == [*completion, tokenizer.eos_token_id]
+
+
+def test_chat_trains_on_the_assistant_turns_only(demo, tmp_path: Path) -> None:
+    data = _data(demo, tmp_path, "chat-train.jsonl")
+    tokenizer = data.preprocessor
+    rows = [json.loads(line) for line in (demo[0] / "chat-train.jsonl").read_text().splitlines()]
+    assert any(len(row["messages"]) > 3 for row in rows[:50])  # conversations of two answers among them
+    for sample, row in zip(data.train, rows[:50], strict=False):
+        whole = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        assert tokenizer.decode(sample[0]) == whole
+        answers = [m["content"] + tokenizer.eos_token for m in row["messages"] if m["role"] == "assistant"]
+        assert tokenizer.decode(_targets(sample)) == "".join(answers)
+
+
+def test_prompt_positions_get_no_gradient(demo, tmp_path: Path) -> None:
+    """The loss reaches the logits that predict completion tokens, and no other: found through the
+    gradient, against prompt lengths tokenized here, apart from the data pipeline."""
+    data = _data(demo, tmp_path, "instructions-train.jsonl")
+    config = load_config([f"model.pretrained={demo[0] / 'model'}", *ON_THIS_MACHINE])
+    model = task.build_model(config, data)
+    batch = data.collate([data.train[index] for index in range(6)])
+    logits: list[torch.Tensor] = []
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        logits.append(output)
+
+    model.lm_head.register_forward_hook(keep)
+    task.TASK.loss_sum(model, batch).backward()
+    touched = logits[0].grad.abs().sum(dim=-1) != 0  # (sample, position)
+    rows = [json.loads(line) for line in (demo[0] / "instructions-train.jsonl").read_text().splitlines()]
+    for row, record in enumerate(rows[:6]):
+        prompt = len(data.preprocessor(record["prompt"])["input_ids"])
+        length = int(batch["attention_mask"][row].sum())
+        # Position t predicts token t + 1: the last prompt position predicts the first completion token.
+        assert touched[row].tolist() == [prompt - 1 <= t < length - 1 for t in range(touched.shape[1])]
+
+
+def test_a_long_sample_keeps_its_prompt_end_and_its_response_start() -> None:
+    ids = list(range(30))
+    labels = [IGNORE] * 20 + ids[20:]  # a 20-token prompt, a 10-token response
+    kept, kept_labels, cut = instructions.window(ids, labels, 12)
+    assert cut and kept == list(range(14, 26))  # 6 = half the window before the response, 6 of it
+    assert kept_labels == [IGNORE] * 6 + list(range(20, 26))
+    short = [IGNORE] * 20 + ids[20:22]  # a short response: all of it, and the prompt's last tokens
+    assert instructions.window(ids[:22], short, 12)[0] == list(range(10, 22))
+    assert instructions.window(ids[:5], short[:5], 12) == (ids[:5], short[:5], False)
+
+
+def test_cut_samples_and_samples_without_a_response_are_counted_in_one_warning(
+    demo, tmp_path: Path, caplog
+) -> None:
+    long = {"prompt": "The cat saw the red ball. " * 20 + "Who?", "completion": " the cat"}
+    rows = [long, {"prompt": "Who?", "completion": ""}, {"prompt": "What?", "completion": " a box"}]
+    with caplog.at_level("WARNING"):
+        data = _data(demo, tmp_path, rows, "data.max_length=32")
+    assert len(data.train) == 2  # the sample with no response token is left out
+    assert max(len(data.train[index][0]) for index in range(2)) == 32
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "1 of 3 samples were longer than 32" in warnings[0], warnings
+    assert "1 had no response tokens and were left out" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    "rows,message",
+    [
+        (
+            [{"prompt": "a", "completion": "b"}, {"messages": [{"role": "user", "content": "c"}]}],
+            'train.jsonl:2: a {"messages"} record, but line 1 is a {"prompt", "completion"} one',
+        ),
+        ([{"text": "a"}, {"prompt": "a", "completion": "b"}], 'train.jsonl:2: a {"prompt", "completion"}'),
+        ([{"messages": [{"role": "robot", "content": "c"}]}], "train.jsonl:1: message 1: 'role' must be"),
+        ([{"messages": []}], "train.jsonl:1: field 'messages' must be a non-empty list"),
+        ([{"prompt": "a", "completion": "b"}, {"prompt": "a"}], "train.jsonl:2: missing field 'completion'"),
+        ([{"prompt": 3, "completion": "b"}], "train.jsonl:1: field 'prompt' must be a string"),
+        ([{"prompt": "a", "completion": ""}], "no sample has a response token"),
+    ],
+)
+def test_bad_instruction_data_names_file_and_line(demo, tmp_path: Path, rows, message: str) -> None:
+    with pytest.raises(DataError) as raised:
+        _data(demo, tmp_path, rows)
+    assert message in str(raised.value), str(raised.value)
+
+
+def test_chat_data_without_a_template_names_data_chat_template(demo, tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"has no chat template; set data\.chat_template="):
+        _data(demo, tmp_path, "chat-train.jsonl", "data.chat_template=")
+
+
+def _completion_lengths_vary(path: Path, count: int, seed: int) -> None:
+    """Prompt/completion pairs whose completions hold 1 to 20 tokens."""
+    rng, words = random.Random(seed), ["cat", "dog", "ball", "tree", "box", "river", "house", "cup"]
+    rows = []
+    for _ in range(count):
+        prompt = " ".join(rng.choice(words) for _ in range(rng.randint(2, 8))) + "?"
+        completion = " " + " ".join(rng.choice(words) for _ in range(rng.randint(1, 19)))
+        rows.append({"prompt": prompt, "completion": completion})
+    _write(path, rows)
+
+
+def _sgd_weights(
+    overrides: list[str], nproc: int, batch: int, accumulation: int, tmp_path: Path, mutation: str
+):
+    name = f"{nproc}x{batch}x{accumulation}-{mutation}"
+    result = tmp_path / f"{name}.safetensors"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+        str(PROJECT / "tests" / "float64_probe.py"), "sgd", str(result), mutation, *overrides,
+        f"data.batch_size={batch}", f"train.grad_accum_steps={accumulation}", f"output_dir={tmp_path / name}",
+    ]  # fmt: skip
+    done = subprocess.run(command, env=launch_env(nproc), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return load_file(result)
+
+
+LORA = ["lora.r=4", "lora.alpha=8", "lora.dropout=0", "train.lr=0.5"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("finetune", ["full", "lora"])
+def test_a_step_is_the_mean_over_every_target_token_of_the_global_batch(
+    deterministic, tmp_path: Path, finetune: str
+) -> None:
+    """1 process x 8 samples and 2 processes x 2 samples x 2 micro-batches train the same weights in 5
+    SGD steps (float64: they differ by the order of sums), though the micro-batches hold different
+    numbers of target tokens; weighting each micro-batch's own mean by its samples does not."""
+    if finetune == "lora":
+        pytest.importorskip("peft", reason="LoRA needs peft, which finetune=lora projects install")
+    data = tmp_path / "pairs.jsonl"
+    _completion_lengths_vary(data, 40, seed=3)
+    kept = [item for item in deterministic if not item.startswith(("data.train_file=", "data.val_file="))]
+    overrides = [*kept, f"data.train_file={data}", "data.val_file=", "train.max_steps=5", "train.lr=0.05"]
+    overrides += LORA if finetune == "lora" else ["lora=null"]
+    one = _sgd_weights(overrides, 1, 8, 1, tmp_path, "none")
+    start = _sgd_weights([*overrides, "train.lr=1e-30"], 1, 8, 1, tmp_path, "none")
+    assert any(not torch.allclose(one[name], start[name]) for name in start)  # training moved them
+    two = _sgd_weights(overrides, 2, 2, 2, tmp_path, "none")
+    assert_same_tensors(two, one, "2 x 2 x 2")
+    means = _sgd_weights(overrides, 2, 2, 2, tmp_path, "micro_batch_means")
+    with pytest.raises(AssertionError):
+        assert_same_tensors(means, one, "per-micro-batch means")
+
+
+@pytest.mark.slow
+def test_chat_demo_trains_with_two_processes_and_answers_through_predict(demo, tmp_path: Path) -> None:
+    directory, overrides = demo
+    chat = [
+        f"data.train_file={directory / 'chat-train.jsonl'}",
+        f"data.val_file={directory / 'chat-val.jsonl'}",
+        f"data.chat_template={directory / 'chat_template.jinja'}",
+        "data.max_length=128",
+        "lora=null",
+        "train.epochs=4",
+    ]
+    result = run_launch([*overrides, *chat, f"output_dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    losses = [record["eval_loss"] for record in read_metrics(tmp_path) if "eval_loss" in record]
+    assert losses[-1] < losses[0] / 2, losses
+    question = [{"role": "user", "content": "A dog found the red ball by the sea. Who?"}]
+    inputs = Path(_write(tmp_path / "questions.jsonl", [{"messages": question}, {"text": "A dog"}]))
+    answers = predictions(tmp_path / "final", inputs, tmp_path / "answers.jsonl", "--max-new-tokens", "4")
+    assert len(answers) == 2
+    # final/ carries the chat template, and predict asks through it as the assistant, as training did.
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "final")
+    asked = tokenizer.apply_chat_template(question, tokenize=False, add_generation_prompt=True)
+    assert asked.endswith("<|assistant|>\n")
+    ids = tokenizer(asked, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    output = model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.eos_token_id)
+    assert answers[0]["completion"] == tokenizer.decode(output[0, ids.shape[1] :], skip_special_tokens=True)

@@ -114,6 +114,57 @@ def build_causal(
     return {"model": str(model), **{name: str(path) for name, path in paths.items()}}
 
 
+def build_instructions(
+    directory: Path, demo: ModuleType, size: dict[str, int], train: int, val: int, seed: int
+) -> dict[str, str]:
+    """Prompt/completion pairs of the causal demo's grammar (a document of 1-4 sentences, then a
+    question about one more; the answer, 1-4 words, completes it), its tokenizer trained on them and a
+    GPT-2 of ``size``: {model, train_file, val_file}."""
+    rng = random.Random(seed)
+    paths, corpus = {}, []
+    for name, count in (("train_file", train), ("val_file", val)):
+        paths[name] = directory / f"{name.removesuffix('_file')}.jsonl"
+        rows = []
+        for _ in range(count):
+            sentence, [(question, answer), _] = demo.instruction(rng)
+            rows.append({"prompt": f"{demo.document(rng)} {sentence} {question}", "completion": f" {answer}"})
+            corpus += [rows[-1]["prompt"] + rows[-1]["completion"]]
+        paths[name].write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    documents = [demo.document(rng) for _ in range(PRETRAINING_DOCUMENTS)]
+    model = directory / "model"
+    tokenizer = demo.build_tokenizer(corpus + documents, size["context"])
+    demo.save_tiny_gpt2(tokenizer, model, size["hidden"], size["layers"], max(1, size["hidden"] // 32))
+    pretrain(model, documents, size["context"])
+    return {"model": str(model), **{name: str(path) for name, path in paths.items()}}
+
+
+PRETRAINING_DOCUMENTS = 4000
+PRETRAINING_STEPS = 300
+
+
+def pretrain(model_dir: Path, documents: list[str], context: int) -> None:
+    """A base model that knows the grammar, as a pretrained checkpoint does: its every weight trained on
+    plain documents (no questions), so that adapters on top of it have something to adapt. A random
+    model's frozen embeddings cannot express a confident prediction, whatever adapters learn."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ids = tokenizer(documents, add_special_tokens=False)["input_ids"]
+    stream = torch.tensor([token for document in ids for token in (*document, tokenizer.eos_token_id)])
+    blocks = stream[: len(stream) // context * context].view(-1, context)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(PRETRAINING_STEPS):
+        batch = blocks[torch.randint(len(blocks), (16,))]
+        model(input_ids=batch, labels=batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(model_dir)
+
+
 def quiet() -> None:
     transformers_logging.disable_progress_bar()
     transformers_logging.set_verbosity_error()

@@ -59,10 +59,10 @@ COLUMNS = ("samples_per_s", "tokens_per_s", "wall_s", "first_step_s", "rss0", "r
 
 
 def workload_table(runs: list[dict], workload: Any, runners: list[str]) -> list[str]:
-    metric = workload.metric.removeprefix("eval_")
+    metric, base = workload.metric.removeprefix("eval_"), workload.reference
     lines = [
         f"| runner | samples/s | tokens/s | wall s | first step s | peak RSS MiB rank 0 / 1 | {metric} |"
-        " time to target s | samples/s vs plain | wall vs plain | first step vs plain |",
+        f" time to target s | samples/s vs {base} | wall vs {base} | first step vs {base} |",
         "|" + " --- |" * 11,
     ]
     name = workload.name
@@ -74,9 +74,9 @@ def workload_table(runs: list[dict], workload: Any, runners: list[str]) -> list[
         times = times_to_target(runs, name, runner)
         missed = sum(value == MISSED for value in times.values())
         target = f"{_cell(_median(times))}{f' ({missed} missed)' if missed else ''}" if times else "n/a"
-        speed = _median(against(runs, name, "samples_per_s", runner, "plain"))
-        wall = _median(against(runs, name, "wall_s", runner, "plain"))
-        start = _median(against(runs, name, "first_step_s", runner, "plain", difference=True))
+        speed = _median(against(runs, name, "samples_per_s", runner, base))
+        wall = _median(against(runs, name, "wall_s", runner, base))
+        start = _median(against(runs, name, "first_step_s", runner, base, difference=True))
         lines.append(
             f"| {LABELS[runner]} | {_cell(m['samples_per_s'])} | {_cell(m['tokens_per_s'], 0)} "
             f"| {_cell(m['wall_s'])} | {_cell(m['first_step_s'], 2)} "

@@ -197,10 +197,12 @@ def report_progress(result: dict, job, directory: Path) -> None:
 
 
 def add_time_to_target(results: list[dict], timelines: dict, workload) -> None:
-    """Time to the plain loop's final metric of this seed, for every runner of the seed."""
-    if workload.eval_every_steps == 0 or "plain" not in timelines or timelines["plain"][1] is None:
+    """Time to the reference's final metric of this seed (the plain loop's, or the workload's own
+    reference runner's), for every runner of the seed."""
+    reference = timelines.get(workload.reference, (None, None))[1]
+    if workload.eval_every_steps == 0 or reference is None:
         return
-    target = analysis.final_metric(timelines["plain"][1], workload.metric)
+    target = analysis.final_metric(reference, workload.metric)
     for result in results:
         job, timeline = timelines[result["runner"]]
         result["target"] = target

@@ -146,8 +146,24 @@ def targets(runs: list[dict], names: list[str], precision: str) -> list[tuple[st
         checks.target(
             f"peak RSS on {name}, target <= 1.05: project rank 0 / rank 1", ratios, lambda v: v <= 1.05
         )
+    if "sft" in names:
+        lora_sft(runs, checks)
     settings(runs, checks, precision)
     return checks.lines
+
+
+def lora_sft(runs: list[dict], checks: Checks) -> None:
+    """(f): the project against the transformers Trainer with peft, measured (the issue sets no target)."""
+    stack = "project / Trainer with peft on (f)"
+    checks.compare(f"{stack}, samples/s", against(runs, "sft", "samples_per_s", "project", "trainer"))
+    project, trainer = (times_to_target(runs, "sft", runner) for runner in ("project", "trainer"))
+    ratios = [
+        project[seed] / trainer[seed]
+        for seed in project
+        if seed in trainer and MISSED not in (project[seed], trainer[seed])
+    ]
+    checks.compare(f"{stack}, time to the Trainer's final eval loss", ratios)
+    checks.compare(f"{stack}, peak RSS of rank 0", against(runs, "sft", "rss0", "project", "trainer"))
 
 
 def settings(runs: list[dict], checks: Checks, precision: str) -> None:

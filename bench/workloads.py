@@ -1,4 +1,4 @@
-"""The three workloads, as one declarative table, and the identical settings every runner gets."""
+"""The workloads, as one declarative table, and the identical settings every runner gets."""
 
 from __future__ import annotations
 
@@ -32,9 +32,14 @@ class Workload:
     layers: int = 2
     runners: tuple[str, ...] = ()  # empty: every runner meant for it (runs.runs_on)
     seeds_per_round: int = 1  # runs of each runner per round, each with its own training seed
-    target: float = 0.0  # steps to target: the metric a run must reach (0: the plain loop's final one)
+    target: float = 0.0  # steps to target: the metric a run must reach (0: the reference's final one)
+    reference: str = "plain"  # the runner whose final metric is the time-to-target, and the ratios' base
+    instructions: bool = False  # causal-lm: prompt/completion pairs, loss on the completions
+    lora: tuple[tuple[str, object], ...] = ()  # LoRA adapters (the project's lora.* keys), else full
 
 
+# LoRA as the project's lora section defaults it, for the project and the peers alike.
+LORA = (("r", 16), ("alpha", 32), ("dropout", 0.05), ("target_modules", "all-linear"))
 FIXED = Workload(
     name="fixed",
     title="(a) text classification, fixed length (pure overhead)",
@@ -92,6 +97,27 @@ WORKLOADS = {
         batch_size=8,
         lr=2e-3,
     ),
+    # The reference SFT stack against the project: LoRA on a causal LM, loss on the completions only.
+    "sft": Workload(
+        name="sft",
+        title="(f) LoRA instruction tuning of a causal LM: prompt/completion, loss on the completions",
+        model_type="causal-lm",
+        metric="eval_loss",
+        higher_is_better=False,
+        train_size=4096,
+        val_size=256,
+        epochs=1,
+        words=(0, 0),
+        mentions=0,
+        max_length=128,
+        batch_size=8,
+        lr=5e-2,
+        eval_every_steps=16,
+        runners=("project", "trainer"),
+        reference="trainer",
+        instructions=True,
+        lora=LORA,
+    ),
 }
 WORLD_SIZE = 2  # processes of every run but the one-process rows, which keep the global batch
 SEED = 42  # of the data; the training seed is SEED + round, the same for every runner of a round
@@ -126,6 +152,10 @@ def build_inputs(workload: Workload, directory: Path, project: Path) -> dict[str
     demo = assets.demo_module(project)
     if workload.model_type == "causal-lm":
         size = {"hidden": workload.hidden, "layers": workload.layers, "context": workload.max_length}
+        if workload.instructions:
+            return assets.build_instructions(
+                directory, demo, size, workload.train_size, workload.val_size, SEED
+            )
         return assets.build_causal(directory, demo, size, workload.train_size, workload.val_size, SEED)
     model = assets.build_classifier(directory / "model", demo, workload.hidden, workload.layers, 256)
     train, val = assets.build_classification_data(
@@ -137,7 +167,13 @@ def build_inputs(workload: Workload, directory: Path, project: Path) -> dict[str
 def training_samples(workload: Workload, inputs: dict[str, str]) -> tuple[int, float]:
     """(samples, mean real tokens per sample) of the training set, as every runner tokenizes it."""
     tokenizer = AutoTokenizer.from_pretrained(inputs["model"])
-    texts = [json.loads(line)["text"] for line in Path(inputs["train_file"]).read_text().splitlines()]
+    rows = [json.loads(line) for line in Path(inputs["train_file"]).read_text().splitlines()]
+    if workload.instructions:  # each pair one sample: prompt, completion, end-of-text token
+        prompts = tokenizer([row["prompt"] for row in rows])["input_ids"]
+        answers = tokenizer([row["completion"] for row in rows], add_special_tokens=False)["input_ids"]
+        tokens = [len(p) + len(a) + 1 for p, a in zip(prompts, answers, strict=True)]
+        return len(tokens), sum(tokens) / len(tokens)
+    texts = [row["text"] for row in rows]
     if workload.model_type == "causal-lm":
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
         stream = sum(len(document) + 1 for document in ids)  # each document and its end token
@@ -166,6 +202,8 @@ def runner_spec(
         "eval_every_steps": workload.eval_every_steps,
         "seed": seed,
         "timeline": str(timeline),
+        "instructions": workload.instructions,
+        "lora": dict(workload.lora),
     }
 
 
@@ -190,4 +228,5 @@ def project_overrides(
         f"train.log_every_steps={workload.log_every_steps}",
         f"seed={seed}",
         f"output_dir={output}",
+        *[f"lora.{key}={value}" for key, value in workload.lora],
     ]

@@ -81,6 +81,12 @@ def load_data(spec: dict[str, Any]) -> tuple[Any, Dataset, Dataset, int]:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     length = min(spec["max_length"], tokenizer.model_max_length)
+    if spec.get("instructions"):
+        return (
+            tokenizer,
+            *(instruction_samples(tokenizer, spec[key], length) for key in ("train_file", "val_file")),
+            0,
+        )
     if spec["task"] == "causal-lm":
         splits = []
         for path, keep_partial in ((spec["train_file"], False), (spec["val_file"], True)):
@@ -98,6 +104,21 @@ def load_data(spec: dict[str, Any]) -> tuple[Any, Dataset, Dataset, int]:
         return TextDataset(ids, [index[row["label"]] for row in rows])
 
     return tokenizer, encode(train_rows), encode(val_rows), len(names)
+
+
+def instruction_samples(tokenizer: Any, path: str, length: int) -> TextDataset:
+    """Prompt/completion pairs as the project encodes them: the prompt (with the tokenizer's special
+    tokens), then the completion and the end-of-text token, which alone are labelled."""
+    rows = read_jsonl(path)
+    prompts = tokenizer([row["prompt"] for row in rows])["input_ids"]
+    answers = tokenizer([row["completion"] for row in rows], add_special_tokens=False)["input_ids"]
+    ids, labels = [], []
+    for prompt, answer in zip(prompts, answers, strict=True):
+        completion = [*answer, tokenizer.eos_token_id]
+        assert len(prompt) + len(completion) <= length, "the bench's pairs fit the window: none is cut"
+        ids.append(prompt + completion)
+        labels.append([-100] * len(prompt) + completion)
+    return TextDataset(ids, labels)  # type: ignore[arg-type]
 
 
 class PadToLongest:
@@ -124,10 +145,25 @@ class PadToLongest:
 
 def build_model(spec: dict[str, Any], num_labels: int) -> nn.Module:
     if spec["task"] == "causal-lm":
-        return AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+        return with_lora(model, spec["lora"]) if spec.get("lora") else model
     return AutoModelForSequenceClassification.from_pretrained(
         spec["model"], num_labels=num_labels, ignore_mismatched_sizes=True, dtype=torch.float32
     )
+
+
+def with_lora(model: nn.Module, settings: dict[str, Any]) -> nn.Module:
+    """peft's LoRA adapters on a causal LM, as its documentation applies them."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=settings["r"],
+        lora_alpha=settings["alpha"],
+        lora_dropout=settings["dropout"],
+        target_modules=settings["target_modules"],
+    )
+    return get_peft_model(model, config)
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:

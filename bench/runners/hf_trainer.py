@@ -1,6 +1,8 @@
 """The transformers Trainer with its documented defaults (DataCollatorWithPadding, compute_metrics), on
 the same work. ``torchrun ... hf_trainer.py spec.json``; with "grouped" in the spec, its opt-in
-``train_sampling_strategy="group_by_length"``."""
+``train_sampling_strategy="group_by_length"``. With "lora", peft's adapters on the model (the reference
+SFT stack); on instruction data it is evaluated by the shared exact sums (the loss over every completion
+token), since the Trainer's own eval_loss averages per-batch means."""
 
 from __future__ import annotations
 
@@ -10,16 +12,33 @@ from pathlib import Path
 
 import common
 import numpy as np
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Subset
 from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
 
 
 class Timing(TrainerCallback):
-    def __init__(self, timeline: common.Timeline) -> None:
-        self.timeline = timeline
+    """Each step's end; with ``exact`` (a loader of this rank's validation shard), the evaluation too."""
+
+    def __init__(self, timeline: common.Timeline, spec: dict, exact: DataLoader | None = None) -> None:
+        self.timeline, self.spec, self.exact = timeline, spec, exact
 
     def on_step_end(self, args, state, control, **kwargs):
+        if self.exact is None:
+            self.timeline.step_done(state.global_step)
+            self.timeline.eval_start()  # an evaluation, when one is due, starts right after the step
+            return
+        due = state.global_step % self.spec["eval_every_steps"] == 0 or state.global_step == state.max_steps
         self.timeline.step_done(state.global_step)
-        self.timeline.eval_start()  # an evaluation, when one is due, starts right after the step
+        if due:
+            self.timeline.eval_start()
+            self.timeline.eval_done(state.global_step, self.evaluate(kwargs["model"]))
+
+    def evaluate(self, model) -> dict[str, float]:
+        sums = common.local_sums(model, self.exact, self.spec)
+        dist.all_reduce(sums)
+        model.train()
+        return common.metrics_from_sums(sums.tolist(), self.spec["task"])
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         keys = ("eval_loss", "eval_accuracy", "eval_perplexity")
@@ -35,6 +54,12 @@ def main() -> None:
     tokenizer, train, val, labels = common.load_data(spec)
     causal = spec["task"] == "causal-lm"
     every = spec["eval_every_steps"]
+    exact = None
+    if spec.get("instructions"):  # evaluated by Timing, on this rank's shard
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        shard = Subset(val, common.eval_shard(len(val), rank, world_size))
+        collate = common.PadToLongest(tokenizer.pad_token_id, True)
+        exact = DataLoader(shard, batch_size=spec["eval_batch_size"], collate_fn=collate)
     arguments = TrainingArguments(
         output_dir=str(Path(sys.argv[1]).parent / "trainer-output"),  # saves nothing, in the run directory
         per_device_train_batch_size=spec["batch_size"],
@@ -47,7 +72,8 @@ def main() -> None:
         bf16=spec["precision"] == "bf16",
         use_cpu=True,
         ddp_backend="gloo",
-        eval_strategy="steps" if every else "epoch",  # every `every` steps, the epochs' ends among them
+        # every `every` steps, the epochs' ends among them (Timing's own evaluation on instruction data)
+        eval_strategy="no" if exact is not None else "steps" if every else "epoch",
         eval_steps=every or None,
         save_strategy="no",
         logging_strategy="no",
@@ -67,11 +93,11 @@ def main() -> None:
         if causal
         else DataCollatorWithPadding(tokenizer),
         compute_metrics=None if causal else accuracy,
-        callbacks=[Timing(timeline)],
+        callbacks=[Timing(timeline, spec, exact)],
     )
     trainer.train()
     for record in timeline.evals:
-        if causal:
+        if causal and exact is None:
             record["eval_perplexity"] = float(np.exp(min(record["eval_loss"], 700.0)))
     timeline.write()
     del trainer  # the DDP wrapper goes before the process group it uses

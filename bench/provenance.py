@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-_PROJECT = "{{cookiecutter.project_slug}}"
+_PROJECT = "{{cookiecutter.__project_dir}}"
 _PACKAGE = f"{_PROJECT}/src/{{{{cookiecutter.package_name}}}}"
 MEASURED_CODE = [
     "bench/*.py",

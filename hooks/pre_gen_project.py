@@ -117,12 +117,8 @@ def dependency_name(name):
 def check_names():
     slug = ANSWERS["project_slug"]
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_-]*", slug):
-        # cookiecutter makes <output>/<slug> before this hook runs and removes only its last folder.
-        made = ""
-        if "/" in slug:
-            made = " (cookiecutter has already made the folders before the last '/' and leaves them)"
         raise Refusal(
-            f"project_slug={slug!r} is not a usable folder name{made}; give project_name some letters, "
+            f"project_slug={slug!r} is not a usable folder name; give project_name some letters, "
             "or set project_slug to letters, digits, '-' and '_', starting with a letter"
         )
     if dependency_name(slug) in DEPENDENCY_NAMES:

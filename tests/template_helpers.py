@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TEMPLATE_DIR_NAME = "{{cookiecutter.project_slug}}"
+TEMPLATE_DIR_NAME = "{{cookiecutter.__project_dir}}"
 # The files a template checkout consists of (what a `git clone` of the template must carry).
 TEMPLATE_ENTRIES = ["cookiecutter.json", "hooks", TEMPLATE_DIR_NAME, ".gitignore"]
 VENV_BIN = Path(sys.executable).parent

@@ -82,13 +82,13 @@ def test_render_from_git_clone_makes_launch_sh_executable(template_clone, tmp_pa
 
 def test_git_clone_carries_every_template_file(template_clone):
     # Nothing the template needs is lost to a .gitignore on the way into git.
-    template = REPO / "{{cookiecutter.project_slug}}"
+    template = REPO / "{{cookiecutter.__project_dir}}"
     working_tree = {
         path
         for path in list_files(template)
         if "__pycache__" not in path and not path.endswith(".pyc") and ".ruff_cache" not in path
     }
-    assert list_files(template_clone / "{{cookiecutter.project_slug}}") == working_tree
+    assert list_files(template_clone / "{{cookiecutter.__project_dir}}") == working_tree
 
 
 @pytest.mark.parametrize("how", ["api-copy-named-answers.json", "api-in-place", "cli-replay-file"])

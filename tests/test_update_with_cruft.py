@@ -38,8 +38,8 @@ ANSWERS = {
     "slurm": "yes",
 }
 PACKAGE = "ddp_fine_tuning"
-TEMPLATE_README = "{{cookiecutter.project_slug}}/README.md"
-TEMPLATE_MODEL = "{{cookiecutter.project_slug}}/src/{{cookiecutter.package_name}}/model.py"
+TEMPLATE_README = "{{cookiecutter.__project_dir}}/README.md"
+TEMPLATE_MODEL = "{{cookiecutter.__project_dir}}/src/{{cookiecutter.package_name}}/model.py"
 TEMPLATE_FIX = "# A template fix released after the project was rendered.\n"
 USER_EDIT = "# The user's own line, near the top of a file the template fix also changes.\n"
 

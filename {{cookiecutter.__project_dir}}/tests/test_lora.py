@@ -37,6 +37,9 @@ from {{ cookiecutter.package_name }}.config import (
 from {{ cookiecutter.package_name }}.distributed import (
     distributed,
 )
+from {{ cookiecutter.package_name }}.hf import (
+    load_fine_tuned,
+)
 from {{ cookiecutter.package_name }}.model_type.task import (
     TASK,
 )
@@ -156,6 +159,17 @@ def test_the_adapter_reloads_with_peft_on_the_base_and_gives_the_trained_logits(
         expected = trainer.state.module.eval()(**inputs).logits
         actual = reloaded.eval()(**inputs).logits
     assert torch.equal(actual, expected)
+
+
+def test_predict_loads_the_adapter_on_its_base_as_the_merged_final(adapted) -> None:
+    """``predict final/adapter`` reads the model ``predict final`` reads: the base with the adapter merged."""
+    trainer, _, output_dir = adapted
+    model_class = type(trainer.state.module.get_base_model())
+    merged = load_fine_tuned(model_class, output_dir / "final", "model").state_dict()
+    from_adapter = load_fine_tuned(model_class, output_dir / "final" / "adapter", "model").state_dict()
+    assert from_adapter.keys() == merged.keys()
+    for name, tensor in merged.items():
+        torch.testing.assert_close(from_adapter[name], tensor, msg=name)
 
 
 def checkpointed_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:

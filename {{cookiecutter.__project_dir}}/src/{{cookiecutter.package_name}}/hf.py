@@ -82,15 +82,17 @@ def _first_line(error: Exception) -> str:
 
 
 def load_fine_tuned(auto_class: Any, model_dir: Path, kind: str) -> PreTrainedModel:
-    """The model saved in ``model_dir`` by training (a ``final/``), in fp32 and in eval mode.
+    """The model saved in ``model_dir`` by training (a ``final/``, or a LoRA run's ``final/adapter/`` on
+    top of the base model it names), in fp32 and in eval mode.
 
     A folder whose weights leave part of the model to be initialised at random (a pretrained checkpoint
     without the head, or another type's model) is refused: its predictions would be noise. This is the
-    one place predict reads a model folder, so another kind of folder (an adapter beside its base model)
-    is a change here alone.
+    one place predict reads a model folder.
     """
     import torch
 
+    if (model_dir / "adapter_config.json").is_file():
+        return load_adapter(auto_class, model_dir, kind)
     if not (model_dir / "config.json").is_file():
         raise PredictError(
             f"{model_dir}: no config.json; pass a folder saved by training, e.g. outputs/run/final"
@@ -109,6 +111,36 @@ def load_fine_tuned(auto_class: Any, model_dir: Path, kind: str) -> PreTrainedMo
             "pass the final/ folder of a training run"
         )
     return model.eval()
+
+
+def load_adapter(auto_class: Any, adapter_dir: Path, kind: str) -> PreTrainedModel:
+    """The base model ``adapter_config.json`` names, with the adapter merged in (the head it trained
+    included): what the same run's merged ``final/`` holds."""
+    import json
+    import warnings
+
+    import torch
+
+    try:
+        import peft
+    except ImportError:
+        raise PredictError(f"{adapter_dir}: a LoRA adapter, which needs peft; pip install peft") from None
+    base = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    base_model = base.get("base_model_name_or_path") or ""
+    quiet_transformers()
+    try:
+        # The adapter folder's config.json: the fine-tuned model's (its labels, for a classifier).
+        model = auto_class.from_pretrained(base_model, config=str(adapter_dir), dtype=torch.float32)
+        with warnings.catch_warnings():  # peft reads transformers' deprecated name for it
+            warnings.filterwarnings("ignore", ".is_gradient_checkpointing. is deprecated", FutureWarning)
+            warnings.filterwarnings("ignore", "fan_in_fan_out is set to False but the target module is")
+            adapted = peft.PeftModel.from_pretrained(model, str(adapter_dir))
+    except (OSError, ValueError, KeyError) as error:
+        raise PredictError(
+            f"{adapter_dir}: cannot load the adapter on its base model {base_model!r} "
+            f"({_first_line(error)}); pass the merged final/ folder instead"
+        ) from None
+    return adapted.merge_and_unload().eval()
 
 
 def load_preprocessor(auto_class: Any, model_dir: Path, **options: Any) -> Any:

@@ -141,7 +141,8 @@ def check_in_a_process(overrides: list[str], cwd: Path | None = None, **env: str
 
 def refusal(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 1, result.stdout + result.stderr
-    [line] = result.stderr.splitlines()  # one line: no traceback
+    assert len(result.stderr.splitlines()) == 1, result.stderr  # one line: no traceback
+    [line] = result.stderr.splitlines()
     return line
 
 

@@ -27,6 +27,7 @@ def test_a_user_error_on_one_rank_is_shown_once(demo, failing, tmp_path: Path, r
 def test_a_bug_shows_one_line_and_keeps_the_traceback_under_output_dir(demo, failing, tmp_path: Path) -> None:
     result = run_launch([*demo[1], *QUIET, f"output_dir={tmp_path}"], **failing("1", "bug"))
     assert result.returncode == 1
+    assert len(result.stderr.splitlines()) == 1, result.stderr
     [line] = result.stderr.splitlines()
     prefix = "error: rank 1 failed with RuntimeError: an injected bug; the traceback is in "
     assert line.startswith(prefix), line
@@ -48,5 +49,6 @@ def test_a_full_disk_is_one_line(demo, failing, tmp_path: Path, launcher: str) -
         environment = launch_env(1, **failing("alone", "disk"))
         result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
+    assert len(result.stderr.splitlines()) == 1, result.stderr
     [line] = result.stderr.splitlines()
     assert line.startswith(expected), line

@@ -119,6 +119,7 @@ def test_a_checkpoint_of_another_model_stops_the_job_in_one_line(demo, trained: 
     result = run_launch([*demo[1], *QUIET, f"output_dir={tmp_path}"])
     assert result.returncode == 1
     # Every rank meets it; the terminal shows it once, with no traceback and no report of torchrun's.
+    assert len(result.stderr.splitlines()) == 1, result.stderr
     [line] = result.stderr.splitlines()
     assert line.startswith(f"error: {foreign} does not fit this model"), result.stderr
     assert foreign.read_bytes() == before  # untouched

@@ -129,8 +129,11 @@ def load_adapter(auto_class: Any, adapter_dir: Path, kind: str) -> PreTrainedMod
     base_model = base.get("base_model_name_or_path") or ""
     quiet_transformers()
     try:
-        # The adapter folder's config.json: the fine-tuned model's (its labels, for a classifier).
-        model = auto_class.from_pretrained(base_model, config=str(adapter_dir), dtype=torch.float32)
+        # The adapter folder's config.json: the fine-tuned model's (its labels, for a classifier); a head of
+        # another size in the base is replaced by the adapter's trained one, as training replaced it.
+        model = auto_class.from_pretrained(
+            base_model, config=str(adapter_dir), dtype=torch.float32, ignore_mismatched_sizes=True
+        )
         with warnings.catch_warnings():  # peft reads transformers' deprecated name for it
             warnings.filterwarnings("ignore", ".is_gradient_checkpointing. is deprecated", FutureWarning)
             warnings.filterwarnings("ignore", "fan_in_fan_out is set to False but the target module is")

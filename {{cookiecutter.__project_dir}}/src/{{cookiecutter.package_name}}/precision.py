@@ -12,7 +12,7 @@ AUTOCAST_DTYPES = {Precision.bf16: torch.bfloat16, Precision.fp16: torch.float16
 
 
 def bf16_supported(device: torch.device) -> bool:
-    """Whether the hardware computes bf16 itself rather than emulating it (several times slower than fp32)."""
+    """Whether the hardware computes bf16 itself rather than emulating it (slower than fp32)."""
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 0)  # Ampere and newer
     try:  # oneDNN's bf16 kernels need AVX-512 (or AMX / ARM's bf16); AVX2-only CPUs emulate it
@@ -31,7 +31,7 @@ def effective_precision(requested: Precision, device: torch.device) -> Precision
 def fallback_warning(device: torch.device) -> str:
     hardware = "GPU (bf16 needs Ampere or newer)" if device.type == "cuda" else "CPU (no AVX-512/AMX bf16)"
     return (
-        f"train.precision=bf16, but this {hardware} would only emulate bf16, several times slower: "
+        f"train.precision=bf16, but this {hardware} would only emulate bf16, slower than fp32: "
         "training in fp32 instead; set train.precision=fp32 to silence this warning"
     )
 

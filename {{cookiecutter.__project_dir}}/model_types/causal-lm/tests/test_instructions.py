@@ -130,13 +130,18 @@ def test_cut_samples_and_samples_without_a_response_are_counted_in_one_warning(
 ) -> None:
     long = {"prompt": "The cat saw the red ball. " * 20 + "Who?", "completion": " the cat"}
     rows = [long, {"prompt": "Who?", "completion": ""}, {"prompt": "What?", "completion": " a box"}]
-    with caplog.at_level("WARNING"):
-        data = _data(demo, tmp_path, rows, "data.max_length=32")
-    assert len(data.train) == 2  # the sample with no response token is left out
-    assert max(len(data.train[index][0]) for index in range(2)) == 32
-    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "1 of 3 samples were longer than 32" in warnings[0], warnings
-    assert "1 had no response tokens and were left out" in warnings[0]
+    train = _write(tmp_path / "train.jsonl", rows)
+    for run in ("preprocessing", "reading the cache"):  # every run on the data says so
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            data = _data(demo, tmp_path, train, "data.max_length=32")
+        cached = any("from an earlier run" in r.getMessage() for r in caplog.records)
+        assert cached == (run == "reading the cache"), run
+        assert len(data.train) == 2  # the sample with no response token is left out
+        assert max(len(data.train[index][0]) for index in range(2)) == 32
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and "1 of 3 samples were longer than 32" in warnings[0], (run, warnings)
+        assert "1 had no response tokens and were left out" in warnings[0]
 
 
 @pytest.mark.parametrize(

@@ -218,8 +218,10 @@ def samples(
     encoding: tuple[Any, int, str | None, int],
     folder: Path,
     split: str,
+    warnings: list[str],
 ) -> datasets.Dataset:
-    """A split of instruction samples, tokenized in parallel into ``folder``."""
+    """A split of instruction samples, tokenized in parallel into ``folder``; what was cut or left out is
+    added to ``warnings`` (kept with the cache, so that every run that trains on it says so)."""
     tokenizer, size, template, configured = encoding
     if kind == "messages" and template is None and tokenizer.chat_template is None:
         raise DataError(
@@ -255,7 +257,7 @@ def samples(
         raise DataError(f"{source.name}: no sample has a response token (completion, assistant turn)")
     cut, left_out = int(pc.sum(encoded.data.column("cut")).as_py() or 0), len(encoded) - len(kept)
     if cut or left_out:
-        log.warning(
+        warnings.append(
             f"{source.name}: {cut} of {len(encoded)} samples were longer than {size} tokens "
             f"(data.max_length) and lost their prompt's start or response's end; {left_out} had no "
             "response tokens and were left out"

@@ -95,18 +95,19 @@ class PackRecipe:
         return str(Hasher.hash((data, settings, Hasher.hash(self.tokenizer))))
 
     def build(self, folder: Path) -> tuple[dict[str, datasets.Dataset], dict[str, Any]]:
+        warnings: list[str] = []
         with naming_undecodable(self.train_source, self.val_source):
-            splits = {"train": self.split(self.train_source, folder, "train")}
+            splits = {"train": self.split(self.train_source, folder, "train", warnings)}
             if self.val_source is not None:
-                splits["val"] = self.split(self.val_source, folder, "val")
-        return splits, {"block_size": self.size}
+                splits["val"] = self.split(self.val_source, folder, "val", warnings)
+        return splits, {"block_size": self.size, "warnings": warnings}
 
-    def split(self, source: Source, folder: Path, split: str) -> datasets.Dataset:
+    def split(self, source: Source, folder: Path, split: str, warnings: list[str]) -> datasets.Dataset:
         rows = self.reader.read(source)
         kind = detect_format(rows, source, self.text_field)
         if kind != "text":
             encoding = (self.tokenizer, self.size, self.template, self.processes)
-            return samples(self.reader, rows, source, kind, encoding, folder, split)
+            return samples(self.reader, rows, source, kind, encoding, folder, split, warnings)
         require_fields(rows, source, (self.text_field,))
         require_text(rows, source, self.text_field)
         return self.blocks(rows, source, folder, split, keep_partial=split == "val")
@@ -163,6 +164,8 @@ def build_data(config: Config, env: DistEnv) -> TaskData:
     train, val = (as_dataset(prepared.splits.get(split)) for split in ("train", "val"))
     assert train is not None
     shape = "samples of up to" if isinstance(train, SampleDataset) else "blocks of"
+    for warning in prepared.meta.get("warnings", []):
+        log.warning(warning)
     log.info(f"training on {shape} {prepared.meta['block_size']} tokens")
     return TaskData(
         train=train,

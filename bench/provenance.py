@@ -36,11 +36,19 @@ MEASURED_CODE = [
             "model",
             "precision",
             "optim",
+            "lora",
         )
     ),
     *(
         f"{_PROJECT}/model_types/*/src/*/model_type/{name}"
-        for name in ("task.py", "image_folders.py", "defaults.yaml", "demo.py")
+        for name in (
+            "task.py",
+            "packing.py",
+            "instructions.py",
+            "image_folders.py",
+            "defaults.yaml",
+            "demo.py",
+        )
     ),
 ]
 COMMIT_LINE = re.compile(r"Template commit ([0-9a-f]{7,40})(\+dirty)?\.")

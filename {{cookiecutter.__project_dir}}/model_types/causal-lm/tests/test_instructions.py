@@ -170,6 +170,17 @@ def test_chat_data_without_a_template_names_data_chat_template(demo, tmp_path: P
         _data(demo, tmp_path, "chat-train.jsonl", "data.chat_template=")
 
 
+def test_a_conversation_the_chat_template_refuses_is_named_by_line(demo, tmp_path: Path) -> None:
+    template = Path(__file__).with_name("refusing_chat_template.jinja")
+    rows = [
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        {"messages": [{"role": "system", "content": "a"}, {"role": "assistant", "content": "b"}]},
+    ]
+    with pytest.raises(DataError) as raised:
+        _data(demo, tmp_path, rows, f"data.chat_template={template}")
+    assert "train.jsonl:2: the chat template refused the conversation: system messages" in str(raised.value)
+
+
 def _completion_lengths_vary(path: Path, count: int, seed: int) -> None:
     """Prompt/completion pairs whose completions hold 1 to 20 tokens."""
     rng, words = random.Random(seed), ["cat", "dog", "ball", "tree", "box", "river", "house", "cup"]

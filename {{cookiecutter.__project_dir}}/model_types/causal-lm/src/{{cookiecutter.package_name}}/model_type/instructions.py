@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import jinja2
 import numpy as np
 import pyarrow.compute as pc
 import torch
@@ -165,6 +166,8 @@ class Encode:
                 problem = None
             except ValueError as error:
                 ids, labels, problem = [], [], str(error)
+            except jinja2.TemplateError as error:  # the template's own refusal (roles out of order, ...)
+                ids, labels, problem = [], [], f"the chat template refused the conversation: {error}"
             targets = sum(label != IGNORE_INDEX for label in labels)
             ids, labels, cut = window(ids, labels, self.size) if targets else (ids, labels, False)
             for name, value in zip(ENCODED, (ids, labels, targets, cut, problem), strict=True):

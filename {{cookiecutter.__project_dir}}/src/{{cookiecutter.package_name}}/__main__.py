@@ -50,5 +50,21 @@ def main(argv: list[str] | None = None) -> int:
     return run(config) or 0  # torchrun's @record types the result as optional
 
 
+def exit_worker(code: int) -> None:
+    """End a torchrun worker once its work is done and reported: output flushed, logs closed, then out
+    without the interpreter's teardown. The process group is already destroyed, but gloo's threads can
+    still be torn down in the wrong order at exit ("terminate called without an active exception"), which
+    turned a finished run's exit code 0 into a crash report on a busy machine."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if launched_by_torchrun():
+        exit_worker(code)
+    sys.exit(code)

@@ -57,7 +57,8 @@ FLOAT64 = {"rtol": 1e-9, "atol": 1e-12}
 def float64_probe(
     mode: str, run: str, overrides: list[str], tmp_path: Path, mutation: str = "none"
 ) -> dict[str, torch.Tensor]:
-    nproc, batch, accumulation = RUNS[run]
+    """``run``: a key of RUNS, or "PxBxA" (processes x per-process batch x accumulation steps)."""
+    nproc, batch, accumulation = RUNS.get(run) or tuple(int(part) for part in run.split("x"))
     result = tmp_path / f"{mode}-{run}-{mutation}.safetensors"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",

@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_THIS_MACHINE, PROJECT, launch_env, read_metrics, run_launch
+from conftest import ON_THIS_MACHINE, read_metrics, run_launch
 from predict_helpers import predictions
-from safetensors.torch import load_file
-from test_equivalence import assert_same_tensors
+from test_equivalence import assert_same_tensors, float64_probe
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 # One name per line (kept so by the trailing commas): the package name may be long.
@@ -192,21 +189,6 @@ def _completion_lengths_vary(path: Path, count: int, seed: int) -> None:
     _write(path, rows)
 
 
-def _sgd_weights(
-    overrides: list[str], nproc: int, batch: int, accumulation: int, tmp_path: Path, mutation: str
-):
-    name = f"{nproc}x{batch}x{accumulation}-{mutation}"
-    result = tmp_path / f"{name}.safetensors"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-        str(PROJECT / "tests" / "float64_probe.py"), "sgd", str(result), mutation, *overrides,
-        f"data.batch_size={batch}", f"train.grad_accum_steps={accumulation}", f"output_dir={tmp_path / name}",
-    ]  # fmt: skip
-    done = subprocess.run(command, env=launch_env(nproc), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return load_file(result)
-
-
 LORA = ["lora.r=4", "lora.alpha=8", "lora.dropout=0", "train.lr=0.5"]
 
 
@@ -225,12 +207,13 @@ def test_a_step_is_the_mean_over_every_target_token_of_the_global_batch(
     kept = [item for item in deterministic if not item.startswith(("data.train_file=", "data.val_file="))]
     overrides = [*kept, f"data.train_file={data}", "data.val_file=", "train.max_steps=5", "train.lr=0.05"]
     overrides += LORA if finetune == "lora" else ["lora=null"]
-    one = _sgd_weights(overrides, 1, 8, 1, tmp_path, "none")
-    start = _sgd_weights([*overrides, "train.lr=1e-30"], 1, 8, 1, tmp_path, "none")
+    one = float64_probe("sgd", "1x8x1", overrides, tmp_path)
+    (tmp_path / "start").mkdir()  # the same run, its own files: about the initial weights
+    start = float64_probe("sgd", "1x8x1", [*overrides, "train.lr=1e-30"], tmp_path / "start")
     assert any(not torch.allclose(one[name], start[name]) for name in start)  # training moved them
-    two = _sgd_weights(overrides, 2, 2, 2, tmp_path, "none")
+    two = float64_probe("sgd", "2x2x2", overrides, tmp_path)
     assert_same_tensors(two, one, "2 x 2 x 2")
-    means = _sgd_weights(overrides, 2, 2, 2, tmp_path, "micro_batch_means")
+    means = float64_probe("sgd", "2x2x2", overrides, tmp_path, "micro_batch_means")
     with pytest.raises(AssertionError):
         assert_same_tensors(means, one, "per-micro-batch means")
 

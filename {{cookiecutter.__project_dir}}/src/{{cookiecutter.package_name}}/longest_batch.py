@@ -6,6 +6,8 @@ statistics) and every random number generator as they were.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from .config import ConfigError, Precision
@@ -17,9 +19,10 @@ from .state import TrainingState
 from .task_spec import Task, TaskData
 
 
-def longest_samples(lengths: list[int] | torch.Tensor, count: int) -> list[int]:
+def longest_samples(lengths: Sequence[int] | torch.Tensor, count: int) -> list[int]:
     """The indices of the ``count`` longest samples: padded to the longest of them, no micro-batch of
-    ``count`` samples is larger."""
+    ``count`` samples is larger. ``lengths`` goes to torch whole: a million Python ints (or 0-d tensors)
+    made one by one cost seconds before the first step."""
     order = torch.argsort(torch.as_tensor(lengths), descending=True, stable=True)
     return order[:count].tolist()
 
@@ -31,7 +34,7 @@ def try_longest_batch(
     the gradients as in a real step). Data without lengths has micro-batches of one size: nothing to do."""
     if data.train_lengths is None:
         return
-    indices = longest_samples(list(data.train_lengths), batch_size)
+    indices = longest_samples(data.train_lengths, batch_size)
     batch = to_device(data.collate([data.train[i] for i in indices]), env.device)
     generators = capture_rng_state()  # dropout draws from them
     buffers = {name: buffer.detach().clone() for name, buffer in state.module.named_buffers()}

@@ -134,7 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     runs += [("datasets", size, int(count)) for size in counts for count in args.processes.split(",")]
     inputs = assets.build(work / "assets", sorted({*sizes, *counts}))
     projects = {"today": render(args.baseline, work / "today"), "datasets": render(None, work / "datasets")}
-    results: dict = {"load_before": load_average(), "launch": [], "preprocess": []}
+    import data_scale_report
+    import provenance
+
+    commit = provenance.current_commit(data_scale_report.PREFIX)
+    results: dict = {"template_commit": commit, "baseline": args.baseline, "load_before": load_average()}
+    results |= {"launch": [], "preprocess": []}
     for size in sizes:
         for name, project in projects.items():
             output_dir = work / "runs" / f"{name}-{size}"
@@ -163,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(json.dumps(results["preprocess"][-1]), flush=True)
     results["load_after"] = load_average()
-    import data_scale_report
-
     data_scale_report.write(results, args.results_dir, time.strftime("%Y-%m-%d"))
     return 0
 

@@ -11,6 +11,7 @@ TARGET_SPEEDUP = 1.6  # preprocessing lines/s against today's
 TARGET_RSS_GROWTH_MB = 150  # per rank, from the smallest to the largest data set
 TARGET_RERUN_RATIO = 1.2  # cached rerun's time to first step, largest over smallest data set
 VERDICT = {True: "PASS", False: "MISS"}
+PREFIX = "data-scale-"  # of the file names: provenance tells the kinds of table apart by it
 
 
 def cpu_name() -> str:
@@ -38,8 +39,9 @@ def _launch_table(results: dict) -> list[str]:
 
 def _preprocess_table(results: dict) -> list[str]:
     lines = [
-        "| lines | implementation | processes | seconds | lines/s | vs today |",
-        "|---|---|---|---|---|---|",
+        "| lines | implementation | processes | seconds | lines/s | vs today | CPU s (all processes) "
+        "| load after |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     today = {
         run["lines"]: run["lines_per_s"] for run in results["preprocess"] if run["implementation"] == "today"
@@ -96,12 +98,14 @@ def write(results: dict, directory: Path, date: str) -> Path:
     cores = len(Path("/proc/cpuinfo").read_text().split("processor\t:")) - 1
     cpu = cpu_name()
     slug = "-".join(cpu.lower().replace("(r)", "").split()[:3])
-    name = f"data-scale-{date}-{slug}-{cores}cores"
+    name = f"{PREFIX}{date}-{slug}-{cores}cores"
     text = "\n".join(
         [
             f"# Data-scale bench, {date}: {cpu}, {cores} cores",
             "",
-            f"Load average (1/5/15 min) before: {results['load_before']}, after: {results['load_after']}.",
+            f"Template commit {results['template_commit']}. Today's implementation: the template at "
+            f"{results['baseline']}. Load average (1/5/15 min) before: {results['load_before']}, after: "
+            f"{results['load_after']}.",
             "",
             "## Launch, 2 processes, 3 training steps",
             "",

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"GPT-2 shape: {size['hidden']} hidden, {size['layers']} layers, blocks of {size['context']} tokens, "
         f"batch {size['batch']}, {size['steps']} steps, world size 1 ({'gloo' if args.cpu else 'nccl'}). "
-        f"Template commit {provenance.current_commit()}.",
+        f"Template commit {provenance.current_commit('gpu-check-')}.",
         "",
         "| configuration | samples/s per GPU | tokens/s per GPU | mfu | eval_loss | notes |",
         "| --- | --- | --- | --- | --- | --- |",

@@ -15,10 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 _PROJECT = "{{cookiecutter.__project_dir}}"
 _PACKAGE = f"{_PROJECT}/src/{{{{cookiecutter.package_name}}}}"
-MEASURED_CODE = [
-    "bench/*.py",
-    "bench/runners/*.py",
-    "bench/run.sh",
+PROJECT_CODE = [
     f"{_PROJECT}/launch.sh",
     *(
         f"{_PACKAGE}/{name}.py"
@@ -51,6 +48,21 @@ MEASURED_CODE = [
         )
     ),
 ]
+# Each kind of table, by its file name's start: the bench code that wrote it and the project code it ran.
+# The main bench, the data-scale bench and the GPU check do not run each other's scripts, so a change to
+# one leaves the others' tables standing.
+_SEPARATE = ("bench/data_scale*.py", "bench/gpu_check*")
+MEASURED_CODE = {
+    "data-scale-": ["bench/data_scale*.py", "bench/measure.py", "bench/provenance.py", *PROJECT_CODE],
+    "gpu-check-": ["bench/gpu_check*", "bench/provenance.py", *PROJECT_CODE],
+    "": [
+        "bench/*.py",
+        "bench/runners/*.py",
+        "bench/run.sh",
+        *PROJECT_CODE,
+        *(f"!{pattern}" for pattern in _SEPARATE),
+    ],
+}
 COMMIT_LINE = re.compile(r"Template commit ([0-9a-f]{7,40})(\+dirty)?\.")
 
 
@@ -58,26 +70,35 @@ def _git(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO)
 
 
-def _pathspecs() -> list[str]:
-    return [f":(glob){pattern}" for pattern in MEASURED_CODE]
+def measured_code(table: str) -> list[str]:
+    """The measured code of the table named ``table`` (a file name), as glob patterns; "!" excludes."""
+    return next(patterns for start, patterns in MEASURED_CODE.items() if table.startswith(start))
 
 
-def current_commit() -> str:
-    """HEAD's short hash, with "+dirty" when the measured code has uncommitted changes; "unknown"
-    outside a git checkout."""
+def _pathspecs(table: str) -> list[str]:
+    return [
+        f":(glob,exclude){pattern[1:]}" if pattern.startswith("!") else f":(glob){pattern}"
+        for pattern in measured_code(table)
+    ]
+
+
+def current_commit(table: str = "") -> str:
+    """HEAD's short hash, with "+dirty" when the measured code of ``table`` (a file name; the main
+    bench's by default) has uncommitted changes; "unknown" outside a git checkout."""
     head = _git("rev-parse", "--short", "HEAD")
     if head.returncode != 0:
         return "unknown"
-    dirty = _git("status", "--porcelain", "--", *_pathspecs()).stdout.strip()
+    dirty = _git("status", "--porcelain", "--", *_pathspecs(table)).stdout.strip()
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
-def changed_since(commit: str) -> list[str]:
-    """The measured files that differ between ``commit`` and the working tree (tracked or not)."""
-    diff = _git("diff", "--name-only", commit, "--", *_pathspecs())
+def changed_since(commit: str, table: str = "") -> list[str]:
+    """The measured files of ``table`` that differ between ``commit`` and the working tree (tracked or
+    not)."""
+    diff = _git("diff", "--name-only", commit, "--", *_pathspecs(table))
     if diff.returncode != 0:
         raise ValueError(f"commit {commit} is not in this checkout's history: {diff.stderr.strip()}")
-    untracked = _git("ls-files", "--others", "--exclude-standard", "--", *_pathspecs()).stdout
+    untracked = _git("ls-files", "--others", "--exclude-standard", "--", *_pathspecs(table)).stdout
     return sorted(set(diff.stdout.split()) | set(untracked.split()))
 
 

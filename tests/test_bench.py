@@ -151,7 +151,7 @@ def test_every_results_table_names_the_commit_whose_measured_code_is_head() -> N
         assert named is not None, f"{table.name} names no template commit"
         commit, dirty = named
         assert not dirty, f"{table.name} measured uncommitted code (commit {commit}+dirty)"
-        changed = provenance.changed_since(commit)
+        changed = provenance.changed_since(commit, table.name)
         assert not changed, f"{table.name} measured {commit}; since then changed: {', '.join(changed)}"
 
 
@@ -160,6 +160,13 @@ def test_the_stale_table_check_sees_a_change_of_measured_code() -> None:
         pytest.skip("not a git checkout: no history to compare with")
     first = run(["git", "rev-list", "--max-parents=0", "HEAD"], cwd=REPO).stdout.split()[0]
     assert "bench/run.py" in provenance.changed_since(first)
+    # Each kind of table follows its own bench's code, and the project code all of them run.
+    assert "bench/data_scale.py" not in provenance.changed_since(first, "2026-01-01-cpu-2cores.md")
+    assert "bench/data_scale.py" in provenance.changed_since(first, "data-scale-2026-01-01-cpu.md")
+    assert "bench/run.py" not in provenance.changed_since(first, "data-scale-2026-01-01-cpu.md")
+    sampling = "{{cookiecutter.__project_dir}}/src/{{cookiecutter.package_name}}/sampling.py"
+    for table in ("2026-01-01-cpu-2cores.md", "data-scale-2026-01-01-cpu.md", "gpu-check-h100.md"):
+        assert sampling in provenance.changed_since(first, table)
     assert provenance.named_commit("... Template commit 1a2b3c4+dirty. Load") == ("1a2b3c4", True)
     assert provenance.named_commit("no commit here") is None
 

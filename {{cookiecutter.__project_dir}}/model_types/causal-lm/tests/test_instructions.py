@@ -28,6 +28,9 @@ from {{ cookiecutter.package_name }}.model_type import (
     instructions,
     task,
 )
+from {{ cookiecutter.package_name }}.model_type import (
+    padding_free as padding_free_module,
+)
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
 IGNORE = instructions.IGNORE_INDEX
@@ -87,13 +90,19 @@ def test_chat_trains_on_the_assistant_turns_only(demo, tmp_path: Path) -> None:
         assert tokenizer.decode(_targets(sample)) == "".join(answers)
 
 
-def test_prompt_positions_get_no_gradient(demo, tmp_path: Path) -> None:
+@pytest.mark.parametrize("padding_free", [False, True])
+def test_prompt_positions_get_no_gradient(demo, tmp_path: Path, padding_free: bool) -> None:
     """The loss reaches the logits that predict completion tokens, and no other: found through the
     gradient, against prompt lengths tokenized here, apart from the data pipeline."""
     data = _data(demo, tmp_path, "instructions-train.jsonl")
-    config = load_config([f"model.pretrained={demo[0] / 'model'}", *ON_THIS_MACHINE])
+    config = load_config(
+        [f"model.pretrained={demo[0] / 'model'}", f"data.padding_free={padding_free}", *ON_THIS_MACHINE]
+    )
     model = task.build_model(config, data)
-    batch = data.collate([data.train[index] for index in range(6)])
+    # The demo model keeps packed samples apart: it is checked, and trains padding-free, when asked to.
+    assert getattr(model, padding_free_module.SAMPLES_APART, False) == padding_free
+    samples = [data.train[index] for index in range(6)]
+    batch = task.Collator(data.preprocessor.pad_token_id, padding_free=True)(samples)
     logits: list[torch.Tensor] = []
 
     def keep(module, inputs, output):
@@ -102,13 +111,91 @@ def test_prompt_positions_get_no_gradient(demo, tmp_path: Path) -> None:
 
     model.lm_head.register_forward_hook(keep)
     task.TASK.loss_sum(model, batch).backward()
-    touched = logits[0].grad.abs().sum(dim=-1) != 0  # (sample, position)
+    touched = logits[0].grad.abs().sum(dim=-1) != 0  # (row, position)
     rows = [json.loads(line) for line in (demo[0] / "instructions-train.jsonl").read_text().splitlines()]
-    for row, record in enumerate(rows[:6]):
+    expected = []
+    for (ids, _), record in zip(samples, rows[:6], strict=True):
         prompt = len(data.preprocessor(record["prompt"])["input_ids"])
-        length = int(batch["attention_mask"][row].sum())
         # Position t predicts token t + 1: the last prompt position predicts the first completion token.
-        assert touched[row].tolist() == [prompt - 1 <= t < length - 1 for t in range(touched.shape[1])]
+        expected.append([prompt - 1 <= t < len(ids) - 1 for t in range(len(ids))])
+    if padding_free:  # one row, the samples end to end
+        assert touched.tolist() == [[t for sample in expected for t in sample]]
+    else:
+        assert [
+            row[: len(sample)] for row, sample in zip(touched.tolist(), expected, strict=True)
+        ] == expected
+        assert not any(
+            any(row[len(sample) :]) for row, sample in zip(touched.tolist(), expected, strict=True)
+        )
+
+
+def packed_inputs_with(batch, **extra):
+    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], **extra}
+
+
+def test_packed_samples_give_the_logits_they_give_alone(demo, tmp_path: Path) -> None:
+    """The demo model attends within each sample of a padding-free row: packed logits equal unpacked
+    ones. An all-ones 2-D mask over the same row lets samples see each other, which is why a
+    padding-free batch never carries one."""
+    data = _data(demo, tmp_path, "chat-train.jsonl")
+    model = AutoModelForCausalLM.from_pretrained(demo[0] / "model").eval()
+    samples = [data.train[index] for index in range(5)]
+    assert len({len(ids) for ids, _ in samples}) > 1
+    packed = padding_free_module.padding_free_batch(samples)
+    with torch.no_grad():
+        together = model(**padding_free_module.model_inputs(packed), use_cache=False).logits[0]
+        alone = torch.cat(
+            [model(input_ids=ids[None].long(), use_cache=False).logits[0] for ids, _ in samples]
+        )
+        mask = torch.ones_like(packed["input_ids"])
+        leaking = model(**packed_inputs_with(packed, attention_mask=mask), use_cache=False).logits[0]
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    first = len(samples[0][0])  # the first sample sees nothing before it either way
+    assert (leaking[first:] - alone[first:]).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="no attention mask"):
+        padding_free_module.model_inputs({**packed, "attention_mask": mask})
+
+
+def test_padded_and_padding_free_batches_have_the_same_loss_and_targets(demo, tmp_path: Path) -> None:
+    data = _data(demo, tmp_path, "instructions-train.jsonl")
+    model = AutoModelForCausalLM.from_pretrained(demo[0] / "model").eval()
+    samples = [data.train[index] for index in range(7)]
+    batch = data.collate(samples)
+    packed = padding_free_module.the_form_for(model, batch)
+    assert "packed_input_ids" in batch and "attention_mask" in packed  # not checked yet: padded rows
+    setattr(model, padding_free_module.SAMPLES_APART, True)
+    packed = padding_free_module.the_form_for(model, batch)
+    assert "attention_mask" not in packed
+    assert packed["input_ids"].shape == (1, sum(len(ids) for ids, _ in samples))
+    assert task.count_targets(packed) == task.count_targets(batch)
+    with torch.no_grad():
+        torch.testing.assert_close(task.loss_sum(model, batch), task.loss_sum(model, packed))
+        setattr(model, padding_free_module.SAMPLES_APART, False)
+        torch.testing.assert_close(task.loss_sum(model, batch), task.loss_sum(model, packed))
+
+
+class AttendsAcrossSamples(torch.nn.Module):
+    """A model that ignores position ids and sees the whole row, as older attention code does."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids=None, **kwargs):
+        return self.model(input_ids=input_ids, **kwargs)
+
+
+def test_a_model_that_lets_packed_samples_meet_gets_padded_batches(demo, tmp_path: Path) -> None:
+    data = _data(demo, tmp_path, "instructions-train.jsonl")
+    model = AutoModelForCausalLM.from_pretrained(demo[0] / "model").train()
+    samples = [data.train[index][0] for index in range(2)]
+    assert padding_free_module.attends_within_samples(model, samples)
+    assert model.training  # the check leaves the mode as it was
+    leaky = AttendsAcrossSamples(model)
+    task.choose_padding_free(leaky, data.train)
+    assert not getattr(leaky, padding_free_module.SAMPLES_APART)
+    batch = data.collate([data.train[index] for index in range(3)])
+    assert "attention_mask" in padding_free_module.the_form_for(leaky, batch)
 
 
 def test_a_long_sample_keeps_its_prompt_end_and_its_response_start() -> None:

@@ -18,6 +18,9 @@ class DataSettings(HubDataSettings):
     """Tokens per sample, capped by the model's own limit."""
     preprocessing_processes: int = 0
     """Processes that tokenize and pack the data (once per filesystem); 0: every CPU core it may use."""
+    padding_free: bool = True
+    """Instruction samples of a micro-batch end to end in one row, no padding, where the model keeps
+    them apart (checked at start); false: padded rows."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

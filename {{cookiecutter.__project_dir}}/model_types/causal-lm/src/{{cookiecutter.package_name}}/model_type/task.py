@@ -47,9 +47,11 @@ from ..data_sources import (
 from ..distributed import DistEnv
 from ..hf import quiet_transformers, save_pretrained
 from ..log import log
+from ..model import unwrap
 from ..task_spec import Batch, Task, TaskData, at_least_fp32, count_real_tokens
 from .instructions import IGNORE_INDEX, SampleDataset, detect_format, samples
 from .packing import PACK_BATCH, TOKENS, BlockDataset, CutBlocks, Tokenize, block_count
+from .padding_free import SAMPLES_APART, attends_within_samples, model_inputs, the_form_for, with_packed_row
 
 CACHE_FORMAT = 3  # of the packed blocks; part of their key, so an older layout is never read
 
@@ -170,7 +172,7 @@ def build_data(config: Config, env: DistEnv) -> TaskData:
     return TaskData(
         train=train,
         val=val,
-        collate=Collator(tokenizer.pad_token_id),
+        collate=Collator(tokenizer.pad_token_id, padding_free=config.data.padding_free),
         label_names=[],
         preprocessor=tokenizer,
         count_tokens=count_real_tokens,
@@ -193,10 +195,12 @@ def lengths(dataset: Dataset | None) -> torch.Tensor | None:
 
 class Collator:
     """Pads a batch on the right, with no loss on padding: instruction samples of many lengths, or blocks
-    (only the shorter last validation block needs padding). A block is its own labels."""
+    (only the shorter last validation block needs padding). A block is its own labels. A batch of
+    instruction samples also carries them end to end in one row, for models that train padding-free
+    (padding_free.py)."""
 
-    def __init__(self, pad_token_id: int) -> None:
-        self.pad_token_id = pad_token_id
+    def __init__(self, pad_token_id: int, padding_free: bool = False) -> None:
+        self.pad_token_id, self.padding_free = pad_token_id, padding_free
 
     def __call__(self, items: list[torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]]) -> Batch:
         pairs = [item if isinstance(item, tuple) else (item, item) for item in items]
@@ -208,7 +212,8 @@ class Collator:
             input_ids[row, : len(ids)] = ids
             labels[row, : len(ids)] = targets
             attention_mask[row, : len(ids)] = 1
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+        return with_packed_row(batch, pairs) if self.padding_free and isinstance(items[0], tuple) else batch
 
 
 def build_model(config: Config, data: TaskData) -> nn.Module:
@@ -219,14 +224,30 @@ def build_model(config: Config, data: TaskData) -> nn.Module:
     if model.config.pad_token_id is None:
         model.config.pad_token_id = data.preprocessor.pad_token_id
     log.info(f"loaded {config.model.pretrained}")
+    if isinstance(data.train, SampleDataset) and config.data.padding_free:
+        choose_padding_free(model, data.train)
     return model
+
+
+def choose_padding_free(model: nn.Module, train: SampleDataset) -> None:
+    """Padding-free forwards where the model keeps packed samples apart (checked on two samples)."""
+    apart = attends_within_samples(model, [train[i][0] for i in range(min(2, len(train)))])
+    setattr(model, SAMPLES_APART, apart)
+    if apart:
+        log.info("instruction samples padding-free: packed per micro-batch, each attending to itself only")
+    else:
+        log.info(
+            f"instruction samples padded: {type(model).__name__} lets samples packed in one row attend "
+            "to each other (data.padding_free needs position-id masking)"
+        )
 
 
 def _token_losses(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Loss of predicting token t+1 from tokens <= t, and the mask of positions that count."""
-    # No key/value cache: training attends through the padding mask alone, never to cached positions.
-    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    logits = model(**inputs, use_cache=False).logits
+    # No key/value cache: training attends through the padding mask (or a padding-free batch's position
+    # ids) alone, never to cached positions.
+    batch = the_form_for(unwrap(model), batch)
+    logits = model(**model_inputs(batch), use_cache=False).logits
     targets = batch["labels"][:, 1:]
     losses = F.cross_entropy(
         at_least_fp32(logits[:, :-1].flatten(0, 1)),
@@ -242,7 +263,8 @@ def loss_sum(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def count_targets(batch: Batch) -> int:
-    """Tokens that are prediction targets: every labelled position but each row's first."""
+    """Tokens that are prediction targets: every labelled position but each row's first (the same in
+    the padding-free row, which labels no sample's first position)."""
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
 
 

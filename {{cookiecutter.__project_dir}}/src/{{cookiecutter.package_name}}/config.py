@@ -159,6 +159,19 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    generate_samples: int = 0
+    """causal-lm: greedy completions of the first N validation prompts, added to samples.jsonl at each
+    evaluation; 0 = none."""
+    max_new_tokens: int = 64
+    """Tokens each of those completions may add."""
+
+    def __post_init__(self) -> None:
+        require(self.generate_samples >= 0, "eval.generate_samples", "must be >= 0 (0 = none)")
+        require(self.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
+
+
+@dataclass
 class CheckpointConfig:
     every_steps: int = 500
     """Steps between checkpoints (one is also saved per epoch end); 0 = epoch ends only."""
@@ -227,6 +240,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)

@@ -70,6 +70,11 @@ def check_tracker(config: TrackerConfig) -> None:
         )
 
 
+def check_eval(config: Config) -> None:
+    if config.eval.generate_samples and MODEL_TYPE != "causal-lm":
+        raise ConfigError("eval.generate_samples: only a causal-lm project generates text; set it to 0")
+
+
 def check_lora(config: Config) -> None:
     """LoRA adapters need peft, and a Hugging Face model to put them on."""
     if config.lora is None:
@@ -94,6 +99,7 @@ def check(config: Config, before_launch: bool = True) -> None:
     check_config(config)
     check_tracker(config.tracker)
     check_lora(config)
+    check_eval(config)
     require_writable_output_dir(config.output_dir)
     resolve_if_used(config.model.pretrained, MODEL_TYPE, use_network=before_launch)
     if before_launch:

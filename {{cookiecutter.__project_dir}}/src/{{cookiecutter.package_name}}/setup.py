@@ -26,6 +26,7 @@ RUN_OUTPUTS = (
     "final",
     "metrics.jsonl",
     "metrics.png",
+    "samples.jsonl",
     "config.yaml",
     "tracker.json",
     "tensorboard",

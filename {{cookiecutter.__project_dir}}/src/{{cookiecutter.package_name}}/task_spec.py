@@ -88,6 +88,10 @@ class Task:
     count_targets: Callable[[Batch], int] | None = None
     """The targets ``loss_sum`` adds up in a host batch; None: one per sample (every rank's step then
     holds the same number, and the trainer needs no count from the other ranks)."""
+    generate: Callable[[nn.Module, TaskData, int, int, torch.device], list[dict[str, Any]]] | None = None
+    """Greedy completions of the first n validation prompts, up to a number of new tokens each, one
+    JSON record per prompt (eval.generate_samples); runs on every rank, with as many forwards on each.
+    None: the type generates nothing."""
 
 
 class PredictError(ValueError):

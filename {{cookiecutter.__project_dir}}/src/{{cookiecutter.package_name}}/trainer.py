@@ -17,6 +17,7 @@ from .config import Config
 from .data import to_device
 from .distributed import DistEnv, all_reduce_sum, all_reduce_sum_cpu, barrier, broadcast_object
 from .evaluation import evaluate
+from .generations import SampleWriter
 from .log import log
 from .longest_batch import try_longest_batch
 from .lora import save_final
@@ -73,6 +74,7 @@ class Trainer:
             self.metrics = MetricsWriter(self.output_dir, env, tracker)
             if resumed:  # an evaluation of the resumed step already on record is not repeated
                 self.last_eval = broadcast_object(self.metrics.resume_from(resumed.step), env)
+        self.samples = SampleWriter(self.output_dir, config, env, resumed.step if resumed else None)
         self.nonfinite = NonFiniteGuard(env.device, config.train.lr, clipping=config.train.max_grad_norm > 0)
         if config.train.compile:
             self.state.model = compile_model(self.state.model)
@@ -272,6 +274,7 @@ class Trainer:
         results.update(peak_memory(self.env))  # on GPUs: the most any rank held since the last evaluation
         self.last_eval = {"step": self.state.progress.step, "epoch": self.epoch_progress(), **results}
         self.metrics.write(self.last_eval)
+        self.samples.write(self.state.model, task, self.data, self.parallel, self.state.progress.step)
 
     def verify_replicas(self) -> None:
         """Before final/ is saved: the ranks hold what they should (replicas, or shards of one model)."""

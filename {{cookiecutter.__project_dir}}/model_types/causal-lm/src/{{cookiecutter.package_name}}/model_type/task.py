@@ -49,6 +49,7 @@ from ..hf import quiet_transformers, save_pretrained
 from ..log import log
 from ..model import unwrap
 from ..task_spec import Batch, Task, TaskData, at_least_fp32, count_real_tokens
+from .generation import generate
 from .instructions import IGNORE_INDEX, SampleDataset, detect_format, samples
 from .packing import PACK_BATCH, TOKENS, BlockDataset, CutBlocks, Tokenize, block_count
 from .padding_free import SAMPLES_APART, attends_within_samples, model_inputs, the_form_for, with_packed_row
@@ -291,4 +292,5 @@ TASK = Task(
     sum_names=("loss", "count"),
     evaluation_metrics=evaluation_metrics,
     save_final=save_final,
+    generate=generate,
 )

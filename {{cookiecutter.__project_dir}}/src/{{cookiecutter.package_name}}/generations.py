@@ -1,0 +1,48 @@
+"""What the model answers now: at each evaluation, greedy completions of the first validation prompts
+(``eval.generate_samples``), one JSON line each in ``output_dir/samples.jsonl``, written by rank 0."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import Config
+from .distributed import DistEnv
+from .model import unwrap
+from .parallel import Parallel
+from .task_spec import Task, TaskData
+
+
+class SampleWriter:
+    def __init__(self, output_dir: Path, config: Config, env: DistEnv, resumed_step: int | None) -> None:
+        self.path = output_dir / "samples.jsonl"
+        self.count, self.max_new_tokens = config.eval.generate_samples, config.eval.max_new_tokens
+        self.env = env
+        if env.is_main and resumed_step is not None and self.path.exists():
+            self.keep_up_to(resumed_step)
+
+    def keep_up_to(self, step: int) -> None:
+        """Drop what a stopped run wrote after its last checkpoint: the resumed run writes it again."""
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if json.loads(line)["step"] <= step]
+        self.path.write_text("".join(kept), encoding="utf-8")
+
+    def write(self, model: nn.Module, task: Task, data: TaskData, parallel: Parallel, step: int) -> None:
+        """Every rank generates (an FSDP2 forward gathers from all of them); rank 0 writes."""
+        if not self.count or task.generate is None or data.val is None:
+            return
+        # The bare module: DDP's forward would sync; torch.compile would recompile for every length.
+        module = unwrap(model)
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad(), parallel.autocast():
+                records = task.generate(module, data, self.count, self.max_new_tokens, self.env.device)
+        finally:
+            module.train(was_training)
+        if self.env.is_main:
+            with self.path.open("a", encoding="utf-8") as file:
+                file.writelines(json.dumps({"step": step, **record}) + "\n" for record in records)

@@ -41,6 +41,7 @@ PROJECT_CODE = [
         for name in (
             "task.py",
             "packing.py",
+            "padding_free.py",
             "instructions.py",
             "image_folders.py",
             "defaults.yaml",

@@ -70,7 +70,7 @@ WORKLOADS = {
         epochs=1,
         eval_every_steps=16,
         runners=("project", "project-random", "trainer-grouped"),
-        seeds_per_round=2,
+        seeds_per_round=3,  # 9 seeds in 3 rounds: a run either learns the keyword or does not
         target=0.9,
     ),
     # Threads per process: (a)'s texts, a quarter of them, since a run of several threads per process on

@@ -65,6 +65,7 @@ def render(ref: str | None, directory: Path) -> Path:
     from cookiecutter.main import cookiecutter
 
     template = REPO
+    subprocess.run(["rm", "-rf", str(directory)], check=True)  # rendered afresh: the code under test
     if ref is not None:
         template = directory / "template"
         template.mkdir(parents=True, exist_ok=True)

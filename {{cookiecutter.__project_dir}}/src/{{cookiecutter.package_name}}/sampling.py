@@ -17,6 +17,7 @@ from .task_spec import dataset_size
 # one global sort (the transformers Trainer's group_by_length draws its megabatches the same way).
 LENGTH_GROUP_BATCHES = 50
 LENGTH_GROUP_WINDOWS = 4
+ITERATION_SLICE = 4096  # sample indices turned into Python ints at a time
 
 
 class ResumableDistributedSampler(DistributedSampler):
@@ -58,11 +59,17 @@ class ResumableDistributedSampler(DistributedSampler):
         return order
 
     def __iter__(self) -> Iterator[int]:
-        mine = self.epoch_order()[self.rank : self.total_size : self.num_replicas]
-        return iter(mine[self.skip :].tolist())
+        return in_slices(self.epoch_order()[self.rank : self.total_size : self.num_replicas][self.skip :])
 
     def __len__(self) -> int:
         return self.num_samples - self.skip
+
+
+def in_slices(indices: torch.Tensor) -> Iterator[int]:
+    """The indices as Python ints, a slice at a time: the whole epoch as Python ints would hold tens of
+    MB per rank at a million samples."""
+    for start in range(0, len(indices), ITERATION_SLICE):
+        yield from indices[start : start + ITERATION_SLICE].tolist()
 
 
 def length_window(batches: int) -> int:

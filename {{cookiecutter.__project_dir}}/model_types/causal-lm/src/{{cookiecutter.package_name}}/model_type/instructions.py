@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 
 from ..arrow_rows import IntegerLists
 from ..data import DataError
-from ..data_cache import arrow_file, processes
+from ..data_cache import RECORD_BATCH_ROWS, arrow_file, processes
 from ..data_sources import Source, SplitReader, python_values, require_fields, require_text
 from ..log import log
 
@@ -242,6 +242,7 @@ def samples(
         num_proc=workers if workers > 1 else None,
         remove_columns=rows.column_names,
         features=ENCODED,
+        writer_batch_size=RECORD_BATCH_ROWS,
         cache_file_name=str(Path(reader.scratch()) / f"encoded-{split}.arrow"),
         new_fingerprint=f"encoded-{split}",
     )
@@ -253,6 +254,7 @@ def samples(
         batched=True,
         remove_columns=encoded.column_names,
         features=SAMPLES,
+        writer_batch_size=RECORD_BATCH_ROWS,
         cache_file_name=arrow_file(folder, split),
         new_fingerprint=f"samples-{split}",
     )

@@ -34,7 +34,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from ..arrow_rows import IntegerLists
 from ..config import Config, ConfigError
 from ..data import DataError
-from ..data_cache import arrow_file, prepare, processes
+from ..data_cache import RECORD_BATCH_ROWS, arrow_file, prepare, processes
 from ..data_sources import (
     Source,
     SplitReader,
@@ -125,6 +125,7 @@ class PackRecipe:
             num_proc=workers if workers > 1 else None,
             remove_columns=rows.column_names,
             features=TOKENS,
+            writer_batch_size=RECORD_BATCH_ROWS,
             cache_file_name=str(Path(self.reader.scratch()) / f"documents-{split}.arrow"),
             new_fingerprint=f"documents-{split}",
         )
@@ -144,6 +145,7 @@ class PackRecipe:
             num_proc=workers if workers > 1 and count >= workers else None,
             remove_columns=["block"],
             features=TOKENS,
+            writer_batch_size=RECORD_BATCH_ROWS,
             cache_file_name=arrow_file(folder, split),
             new_fingerprint=f"blocks-{split}",
         )

@@ -29,7 +29,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from .. import classification
 from ..arrow_rows import IntegerLists, Integers
 from ..config import Config
-from ..data_cache import arrow_file, prepare, processes
+from ..data_cache import RECORD_BATCH_ROWS, arrow_file, prepare, processes
 from ..data_sources import SplitReader, naming_undecodable, quiet_datasets, read_text_split, split_sources
 from ..distributed import DistEnv
 from ..hf import load_classifier, quiet_transformers, save_pretrained
@@ -139,6 +139,7 @@ class TextRecipe:
             num_proc=workers if workers > 1 else None,
             remove_columns=rows.column_names,
             features=FEATURES,
+            writer_batch_size=RECORD_BATCH_ROWS,
             cache_file_name=arrow_file(folder, split),
             new_fingerprint=f"{folder.name[-16:]}-{split}",
         )

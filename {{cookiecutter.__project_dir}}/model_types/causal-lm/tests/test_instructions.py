@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -30,6 +31,9 @@ from {{ cookiecutter.package_name }}.model_type import (
 )
 from {{ cookiecutter.package_name }}.model_type import (
     padding_free as padding_free_module,
+)
+from {{ cookiecutter.package_name }}.model_type.settings import (
+    PaddingFree,
 )
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
@@ -90,8 +94,8 @@ def test_chat_trains_on_the_assistant_turns_only(demo, tmp_path: Path) -> None:
         assert tokenizer.decode(_targets(sample)) == "".join(answers)
 
 
-@pytest.mark.parametrize("padding_free", [False, True])
-def test_prompt_positions_get_no_gradient(demo, tmp_path: Path, padding_free: bool) -> None:
+@pytest.mark.parametrize("padding_free", ["never", "always"])
+def test_prompt_positions_get_no_gradient(demo, tmp_path: Path, padding_free: str) -> None:
     """The loss reaches the logits that predict completion tokens, and no other: found through the
     gradient, against prompt lengths tokenized here, apart from the data pipeline."""
     data = _data(demo, tmp_path, "instructions-train.jsonl")
@@ -100,7 +104,7 @@ def test_prompt_positions_get_no_gradient(demo, tmp_path: Path, padding_free: bo
     )
     model = task.build_model(config, data)
     # The demo model keeps packed samples apart: it is checked, and trains padding-free, when asked to.
-    assert getattr(model, padding_free_module.SAMPLES_APART, False) == padding_free
+    assert getattr(model, padding_free_module.SAMPLES_APART, False) == (padding_free == "always")
     samples = [data.train[index] for index in range(6)]
     batch = task.Collator(data.preprocessor.pad_token_id, padding_free=True)(samples)
     logits: list[torch.Tensor] = []
@@ -118,7 +122,7 @@ def test_prompt_positions_get_no_gradient(demo, tmp_path: Path, padding_free: bo
         prompt = len(data.preprocessor(record["prompt"])["input_ids"])
         # Position t predicts token t + 1: the last prompt position predicts the first completion token.
         expected.append([prompt - 1 <= t < len(ids) - 1 for t in range(len(ids))])
-    if padding_free:  # one row, the samples end to end
+    if padding_free == "always":  # one row, the samples end to end
         assert touched.tolist() == [[t for sample in expected for t in sample]]
     else:
         assert [
@@ -172,6 +176,21 @@ def test_padded_and_padding_free_batches_have_the_same_loss_and_targets(demo, tm
         torch.testing.assert_close(task.loss_sum(model, batch), task.loss_sum(model, packed))
         setattr(model, padding_free_module.SAMPLES_APART, False)
         torch.testing.assert_close(task.loss_sum(model, batch), task.loss_sum(model, packed))
+
+
+def test_auto_packs_with_flash_attention_only() -> None:
+    def model(attention: str) -> torch.nn.Module:
+        module = torch.nn.Linear(1, 1)
+        module.config = SimpleNamespace(_attn_implementation=attention)
+        return module
+
+    auto, always, never = PaddingFree.auto, PaddingFree.always, PaddingFree.never
+    assert padding_free_module.worth_trying(auto, model("flash_attention_2"))
+    assert not padding_free_module.worth_trying(auto, model("sdpa"))
+    assert padding_free_module.worth_trying(always, model("sdpa"))
+    assert not padding_free_module.worth_trying(never, model("flash_attention_2"))
+    config = load_config(["data.padding_free=always"])
+    assert config.data.padding_free is always and load_config([]).data.padding_free is auto
 
 
 class AttendsAcrossSamples(torch.nn.Module):
@@ -294,6 +313,7 @@ def test_a_step_is_the_mean_over_every_target_token_of_the_global_batch(
     kept = [item for item in deterministic if not item.startswith(("data.train_file=", "data.val_file="))]
     overrides = [*kept, f"data.train_file={data}", "data.val_file=", "train.max_steps=5", "train.lr=0.05"]
     overrides += LORA if finetune == "lora" else ["lora=null"]
+    overrides.append("data.padding_free=always")  # the demo model keeps packed samples apart
     one = float64_probe("sgd", "1x8x1", overrides, tmp_path)
     (tmp_path / "start").mkdir()  # the same run, its own files: about the initial weights
     start = float64_probe("sgd", "1x8x1", [*overrides, "train.lr=1e-30"], tmp_path / "start")

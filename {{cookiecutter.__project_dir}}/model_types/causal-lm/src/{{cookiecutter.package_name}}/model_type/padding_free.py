@@ -7,6 +7,11 @@ mask (all ones over the row, it lets every token see the samples before it) and 
 padding-free forward never gets an attention mask (``model_inputs`` refuses one), and every training
 and evaluation forward runs with ``use_cache=False``.
 
+It pays where the attention kernel takes such a row as it is: flash attention's variable-length kernels
+(``data.padding_free=auto``, the default, packs there only). With sdpa or eager attention transformers
+builds a mask over the whole row instead, whose cost grows with the square of the row: on the bench's
+CPU that halved the samples/s of length-grouped padded batches. ``always`` packs with any attention.
+
 Not every model reads sample boundaries from position ids (older or remote-code attention ignores them),
 so ``attends_within_samples`` checks the loaded model itself before the first step: two samples packed
 into one row must give the logits they give alone. Models that fail it get padded batches, grouped by
@@ -24,6 +29,7 @@ from torch import nn
 
 from ..task_spec import Batch
 from .instructions import IGNORE_INDEX
+from .settings import PaddingFree
 
 # The check's samples: short, so it costs one small forward even for a large model on the CPU.
 PROBE_TOKENS = 12
@@ -36,6 +42,12 @@ PROBE_TOLERANCE = 1e-4
 PACKED = {"packed_input_ids": "input_ids", "packed_position_ids": "position_ids", "packed_labels": "labels"}
 # Set on the model by ``choose``: True once the model passed the check.
 SAMPLES_APART = "keeps_packed_samples_apart"
+
+
+def worth_trying(mode: PaddingFree, model: nn.Module) -> bool:
+    """Whether to check the model for padding-free rows at all (``data.padding_free``)."""
+    attention = str(getattr(getattr(model, "config", None), "_attn_implementation", ""))
+    return mode is PaddingFree.always or (mode is PaddingFree.auto and "flash_attention" in attention)
 
 
 def padding_free_batch(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> Batch:

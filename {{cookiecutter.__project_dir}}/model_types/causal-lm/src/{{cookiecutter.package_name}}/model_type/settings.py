@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from ..data_settings import HubDataSettings
 from ..validation import require
+
+
+class PaddingFree(enum.Enum):
+    auto = "auto"
+    always = "always"
+    never = "never"
 
 
 @dataclass
@@ -18,9 +25,9 @@ class DataSettings(HubDataSettings):
     """Tokens per sample, capped by the model's own limit."""
     preprocessing_processes: int = 0
     """Processes that tokenize and pack the data (once per filesystem); 0: every CPU core it may use."""
-    padding_free: bool = True
-    """Instruction samples of a micro-batch end to end in one row, no padding, where the model keeps
-    them apart (checked at start); false: padded rows."""
+    padding_free: PaddingFree = PaddingFree.auto
+    """Instruction samples of a micro-batch in one row, no padding (checked at start to stay apart):
+    auto with flash attention only, always, or never."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

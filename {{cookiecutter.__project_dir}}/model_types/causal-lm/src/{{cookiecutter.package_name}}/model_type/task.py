@@ -52,7 +52,15 @@ from ..task_spec import Batch, Task, TaskData, at_least_fp32, count_real_tokens
 from .generation import generate
 from .instructions import IGNORE_INDEX, SampleDataset, detect_format, samples
 from .packing import PACK_BATCH, TOKENS, BlockDataset, CutBlocks, Tokenize, block_count
-from .padding_free import SAMPLES_APART, attends_within_samples, model_inputs, the_form_for, with_packed_row
+from .padding_free import (
+    SAMPLES_APART,
+    attends_within_samples,
+    model_inputs,
+    the_form_for,
+    with_packed_row,
+    worth_trying,
+)
+from .settings import PaddingFree
 
 CACHE_FORMAT = 3  # of the packed blocks; part of their key, so an older layout is never read
 
@@ -175,7 +183,9 @@ def build_data(config: Config, env: DistEnv) -> TaskData:
     return TaskData(
         train=train,
         val=val,
-        collate=Collator(tokenizer.pad_token_id, padding_free=config.data.padding_free),
+        collate=Collator(
+            tokenizer.pad_token_id, padding_free=config.data.padding_free is not PaddingFree.never
+        ),
         label_names=[],
         preprocessor=tokenizer,
         count_tokens=count_real_tokens,
@@ -227,8 +237,14 @@ def build_model(config: Config, data: TaskData) -> nn.Module:
     if model.config.pad_token_id is None:
         model.config.pad_token_id = data.preprocessor.pad_token_id
     log.info(f"loaded {config.model.pretrained}")
-    if isinstance(data.train, SampleDataset) and config.data.padding_free:
-        choose_padding_free(model, data.train)
+    if isinstance(data.train, SampleDataset):
+        if worth_trying(config.data.padding_free, model):
+            choose_padding_free(model, data.train)
+        elif config.data.padding_free is PaddingFree.auto:
+            log.info(
+                "instruction samples padded, grouped by length: a padding-free row pays with flash attention "
+                "only (data.padding_free=always packs with any)"
+            )
     return model
 
 
@@ -241,7 +257,7 @@ def choose_padding_free(model: nn.Module, train: SampleDataset) -> None:
     else:
         log.info(
             f"instruction samples padded: {type(model).__name__} lets samples packed in one row attend "
-            "to each other (data.padding_free needs position-id masking)"
+            "to each other (padding-free rows need attention masked by position ids)"
         )
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 _PROJECT = "{{cookiecutter.__project_dir}}"
 _PACKAGE = f"{_PROJECT}/src/{{{{cookiecutter.package_name}}}}"
-PROJECT_CODE = [
+SHARED_CODE = [
     f"{_PROJECT}/launch.sh",
     *(
         f"{_PACKAGE}/{name}.py"
@@ -36,26 +36,37 @@ PROJECT_CODE = [
             "lora",
         )
     ),
-    *(
-        f"{_PROJECT}/model_types/*/src/*/model_type/{name}"
-        for name in (
-            "task.py",
-            "packing.py",
-            "padding_free.py",
-            "instructions.py",
-            "image_folders.py",
-            "defaults.yaml",
-            "demo.py",
-        )
-    ),
 ]
+MODEL_TYPE_CODE = (
+    "task.py",
+    "packing.py",
+    "padding_free.py",
+    "instructions.py",
+    "image_folders.py",
+    "settings.py",
+    "defaults.yaml",
+    "demo.py",
+)
+
+
+def model_type_code(model_type: str) -> list[str]:
+    return [f"{_PROJECT}/model_types/{model_type}/src/*/model_type/{name}" for name in MODEL_TYPE_CODE]
+
+
+PROJECT_CODE = [*SHARED_CODE, *model_type_code("*")]
 # Each kind of table, by its file name's start: the bench code that wrote it and the project code it ran.
 # The main bench, the data-scale bench and the GPU check do not run each other's scripts, so a change to
 # one leaves the others' tables standing.
 _SEPARATE = ("bench/data_scale*.py", "bench/gpu_check*")
 MEASURED_CODE = {
-    "data-scale-": ["bench/data_scale*.py", "bench/measure.py", "bench/provenance.py", *PROJECT_CODE],
-    "gpu-check-": ["bench/gpu_check*", "bench/provenance.py", *PROJECT_CODE],
+    # The data-scale bench renders the text-classification project only.
+    "data-scale-": [
+        "bench/data_scale*.py",
+        "bench/measure.py",
+        *SHARED_CODE,
+        *model_type_code("text-classification"),
+    ],
+    "gpu-check-": ["bench/gpu_check*", *PROJECT_CODE],
     "": [
         "bench/*.py",
         "bench/runners/*.py",

@@ -167,6 +167,10 @@ def test_the_stale_table_check_sees_a_change_of_measured_code() -> None:
     sampling = "{{cookiecutter.__project_dir}}/src/{{cookiecutter.package_name}}/sampling.py"
     for table in ("2026-01-01-cpu-2cores.md", "data-scale-2026-01-01-cpu.md", "gpu-check-h100.md"):
         assert sampling in provenance.changed_since(first, table)
+    causal = "{{cookiecutter.__project_dir}}/model_types/causal-lm/src/{{cookiecutter.package_name}}"
+    causal_task = f"{causal}/model_type/task.py"
+    assert causal_task in provenance.changed_since(first, "2026-01-01-cpu-2cores.md")
+    assert causal_task not in provenance.changed_since(first, "data-scale-2026-01-01-cpu.md")
     assert provenance.named_commit("... Template commit 1a2b3c4+dirty. Load") == ("1a2b3c4", True)
     assert provenance.named_commit("no commit here") is None
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from .config import Config
 from .distributed import DistEnv
+from .metrics import keep_up_to
 from .model import unwrap
 from .parallel import Parallel
 from .task_spec import Task, TaskData
@@ -21,14 +22,8 @@ class SampleWriter:
         self.path = output_dir / "samples.jsonl"
         self.count, self.max_new_tokens = config.eval.generate_samples, config.eval.max_new_tokens
         self.env = env
-        if env.is_main and resumed_step is not None and self.path.exists():
-            self.keep_up_to(resumed_step)
-
-    def keep_up_to(self, step: int) -> None:
-        """Drop what a stopped run wrote after its last checkpoint: the resumed run writes it again."""
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = [line for line in lines if json.loads(line)["step"] <= step]
-        self.path.write_text("".join(kept), encoding="utf-8")
+        if env.is_main and resumed_step is not None:  # what it wrote after its checkpoint is redone
+            keep_up_to(self.path, resumed_step)
 
     def write(self, model: nn.Module, task: Task, data: TaskData, parallel: Parallel, step: int) -> None:
         """Every rank generates (an FSDP2 forward gathers from all of them); rank 0 writes."""

@@ -13,6 +13,28 @@ from .log import log
 from .trackers import NoTracker, Tracker, is_evaluation
 
 
+def json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(line, record) of every whole JSON object in a JSON Lines file; a line torn by a kill is left out."""
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            found.append((line, record))
+    return found
+
+
+def keep_up_to(path: Path, step: int) -> None:
+    """Drop the records a killed run wrote after its last checkpoint (and torn lines): they are redone."""
+    if path.exists():
+        kept = [line for line, record in json_lines(path) if record.get("step", 0) <= step]
+        path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+
+
 class MetricsWriter:
     """Appends one JSON object per line and hands the same record to the tracker.
 
@@ -30,17 +52,7 @@ class MetricsWriter:
 
     def records(self) -> list[tuple[str, dict[str, Any]]]:
         """(line, record) of every whole record in the file, on rank 0; a line torn by a kill is left out."""
-        if not self.path.exists() or not self.is_main:
-            return []
-        found = []
-        for line in self.path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                found.append((line, record))
-        return found
+        return json_lines(self.path) if self.is_main else []
 
     def evaluation_at(self, step: int) -> dict[str, Any]:
         """The evaluation record of ``step`` (without its time), if the file holds one; else empty."""
@@ -52,10 +64,9 @@ class MetricsWriter:
     def resume_from(self, step: int) -> dict[str, Any]:
         """Drop records a killed run wrote after its last checkpoint: they are about to be redone.
         Returns the evaluation record of ``step`` itself, if the file holds one (else empty)."""
-        if not self.enabled or not self.path.exists():
+        if not self.enabled:
             return {}
-        kept = [line for line, record in self.records() if record.get("step", 0) <= step]
-        self.path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        keep_up_to(self.path, step)
         return self.evaluation_at(step)
 
     def write(self, record: dict[str, Any]) -> None:

@@ -98,7 +98,8 @@ def test_a_resumed_run_drops_the_samples_written_after_its_checkpoint(demo, tmp_
         fit(run, preemption=StopAfter(3))  # evaluated at steps 1-3, checkpointed on stopping at 3
     assert [record["step"] for record in read_samples(tmp_path)] == [1, 2, 3]
     stale = tmp_path / "samples.jsonl"
-    stale.write_text(stale.read_text() + json.dumps({"step": 9, "index": 0}) + "\n")  # as if never saved
+    # Written after the last checkpoint, as if never saved, and a line a kill tore in half.
+    stale.write_text(stale.read_text() + json.dumps({"step": 9, "index": 0}) + '\n{"step": 9, "ind')
     fit(run)
     assert [record["step"] for record in read_samples(tmp_path)] == [1, 2, 3, 4]
 

@@ -40,7 +40,7 @@ RUN = [
 PREPROCESS_ONLY = """
 import resource, sys, time, torch
 from {package}.config import load_config
-from {package}.distributed import DistEnv
+from {package}.parallel.process_group import DistEnv
 from {package}.model_type.task import TASK
 def cpu():
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -90,8 +90,8 @@ MODEL_TYPE_FOLDER_FILES = [
     "src/{pkg}/model_type/defaults.yaml",
     "src/{pkg}/model_type/demo.py",
     "src/{pkg}/model_type/predict.py",
-    "src/{pkg}/model_type/settings.py",
     "src/{pkg}/model_type/task.py",
+    "src/{pkg}/config/data.py",
     "docs/metrics.png",
 ]
 

@@ -91,7 +91,7 @@ def test_launch_sh_is_executable(rendered):
 
 def test_defaults_yaml_carries_backend_precision_and_device(rendered):
     answers, project = rendered
-    defaults = yaml.safe_load((project.package_dir / "defaults.yaml").read_text(encoding="utf-8"))
+    defaults = yaml.safe_load((project.package_dir / "config" / "defaults.yaml").read_text(encoding="utf-8"))
     assert defaults["distributed"]["backend"] == answers["backend"]
     assert defaults["distributed"]["strategy"] == answers.get("strategy", "ddp")
     assert defaults["train"]["precision"] == answers["precision"]
@@ -103,7 +103,7 @@ def test_defaults_yaml_carries_backend_precision_and_device(rendered):
 def test_lora_section_and_peft_come_with_finetune_lora_only(rendered):
     """finetune=lora: the lora section with its documented defaults, and peft; full: no lora key at all."""
     answers, project = rendered
-    text = (project.package_dir / "defaults.yaml").read_text(encoding="utf-8")
+    text = (project.package_dir / "config" / "defaults.yaml").read_text(encoding="utf-8")
     defaults = yaml.safe_load(text)
     dependencies = tomllib.loads((project.path / "pyproject.toml").read_text(encoding="utf-8"))["project"]
     needs_peft = [item for item in dependencies["dependencies"] if item.startswith("peft")]

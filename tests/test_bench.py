@@ -18,6 +18,7 @@ from template_helpers import REPO, describe, run
 sys.path.insert(0, str(REPO / "bench"))
 
 import analysis  # noqa: E402
+import former_layout  # noqa: E402
 import measure  # noqa: E402
 import provenance  # noqa: E402
 import runs  # noqa: E402
@@ -164,7 +165,7 @@ def test_the_stale_table_check_sees_a_change_of_measured_code() -> None:
     assert "bench/data_scale.py" not in provenance.changed_since(first, "2026-01-01-cpu-2cores.md")
     assert "bench/data_scale.py" in provenance.changed_since(first, "data-scale-2026-01-01-cpu.md")
     assert "bench/run.py" not in provenance.changed_since(first, "data-scale-2026-01-01-cpu.md")
-    sampling = "{{cookiecutter.__project_dir}}/src/{{cookiecutter.package_name}}/sampling.py"
+    sampling = "{{cookiecutter.__project_dir}}/src/{{cookiecutter.package_name}}/data/sampling.py"
     for table in ("2026-01-01-cpu-2cores.md", "data-scale-2026-01-01-cpu.md", "gpu-check-h100.md"):
         assert sampling in provenance.changed_since(first, table)
     causal = "{{cookiecutter.__project_dir}}/model_types/causal-lm/src/{{cookiecutter.package_name}}"
@@ -173,6 +174,52 @@ def test_the_stale_table_check_sees_a_change_of_measured_code() -> None:
     assert causal_task not in provenance.changed_since(first, "data-scale-2026-01-01-cpu.md")
     assert provenance.named_commit("... Template commit 1a2b3c4+dirty. Load") == ("1a2b3c4", True)
     assert provenance.named_commit("no commit here") is None
+
+
+OLD_PACKAGE = "{{cookiecutter.__project_dir}}/src/{{cookiecutter.package_name}}"
+OLD_TRAINER = """\"\"\"The loop.\"\"\"
+from .data import to_device
+from .log import log
+
+STEP = 1
+
+
+def step(batch):
+    \"\"\"One step.\"\"\"
+    return to_device(batch, "python -m {package}.launcher")
+"""
+MOVED_TRAINER = """\"\"\"The loop, now in loop/.\"\"\"
+from ..data.loader import to_device
+from ..observe.log import log
+
+STEP = 1
+
+
+def step(batch):
+    return to_device(batch, "python -m {package}.launch.launcher")
+"""
+
+
+def test_code_that_only_moved_is_the_code_a_table_measured() -> None:
+    """Moved files, rewritten imports and docstrings, and old module paths in strings and in launch.sh
+    are the same code; one changed definition, wherever it moved, is not."""
+    old = {
+        f"{OLD_PACKAGE}/trainer.py": OLD_TRAINER,
+        "launch.sh": "python -m {{ cookiecutter.package_name }}.launcher  # (launch_status.py)\n",
+    }
+    new = {
+        f"{OLD_PACKAGE}/loop/trainer.py": MOVED_TRAINER,
+        "launch.sh": "python -m {{ cookiecutter.package_name }}.launch.launcher  # (launch/status.py)\n",
+    }
+    assert former_layout.new_path(f"{OLD_PACKAGE}/trainer.py") == f"{OLD_PACKAGE}/loop/trainer.py"
+    assert former_layout.changed_files(old, new) == []
+    trainer, step = f"{OLD_PACKAGE}/loop/trainer.py", f"{OLD_PACKAGE}/loop/step.py"
+    assert former_layout.changed_files(old, {**new, trainer: MOVED_TRAINER.replace("1", "2")}) == [trainer]
+    assert former_layout.changed_files(old, {**new, trainer: "", step: MOVED_TRAINER}) == []
+    twice = {**new, trainer: "STEP = 1\n", step: MOVED_TRAINER}  # STEP is defined twice now
+    assert former_layout.changed_files(old, twice) == [step, trainer]
+    script = {**new, "launch.sh": new["launch.sh"].replace("launch.launcher", "launch.launcher --fast")}
+    assert former_layout.changed_files(old, script) == ["launch.sh"]
 
 
 @pytest.mark.slow

@@ -109,6 +109,6 @@ HOSTILE_CHECKPOINTS = [
 def test_hostile_checkpoint_path_loads_as_written(bake_ok, checkpoint):
     project = bake_ok(model_type="text-classification", pretrained_model=checkpoint)
 
-    defaults = yaml.safe_load((project.package_dir / "defaults.yaml").read_text(encoding="utf-8"))
+    defaults = yaml.safe_load((project.package_dir / "config" / "defaults.yaml").read_text(encoding="utf-8"))
     assert defaults["model"]["pretrained"] == checkpoint
     assert project.answers["pretrained_model"] == checkpoint

@@ -40,7 +40,7 @@ def test_tracker_answer_renders_a_clean_project(bake_ok, tracker, model_type):
     project = bake_ok(tracker=tracker, model_type=model_type)
     assert list_files(project.path) == expected_files(model_type, project.package, tracker=tracker)
     assert requirement_names(project) & ALL_TRACKER_REQUIREMENTS == TRACKER_REQUIREMENTS[tracker]
-    defaults = yaml.safe_load((project.path / "src" / project.package / "defaults.yaml").read_text())
+    defaults = yaml.safe_load((project.package_dir / "config" / "defaults.yaml").read_text())
     assert defaults["tracker"] == {"name": tracker, "project": "ddp-fine-tuning", "run_name": ""}
     for proc in (ruff_check(project.path), ruff_format_check(project.path)):
         assert proc.returncode == 0, describe(proc)

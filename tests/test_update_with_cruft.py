@@ -39,7 +39,7 @@ ANSWERS = {
 }
 PACKAGE = "ddp_fine_tuning"
 TEMPLATE_README = "{{cookiecutter.__project_dir}}/README.md"
-TEMPLATE_MODEL = "{{cookiecutter.__project_dir}}/src/{{cookiecutter.package_name}}/model.py"
+TEMPLATE_MODEL = "{{cookiecutter.__project_dir}}/src/{{cookiecutter.package_name}}/parallel/ddp.py"
 TEMPLATE_FIX = "# A template fix released after the project was rendered.\n"
 USER_EDIT = "# The user's own line, near the top of a file the template fix also changes.\n"
 
@@ -82,7 +82,7 @@ def start_project(project: Path) -> None:
     """What a user does after rendering: a git repository, then edits of their own, committed."""
     git("init", "-q", "-b", "main", ".", cwd=project)
     commit_all(project, "rendered")
-    model = project / "src" / PACKAGE / "model.py"
+    model = project / "src" / PACKAGE / "parallel" / "ddp.py"
     lines = model.read_text(encoding="utf-8").splitlines(keepends=True)
     model.write_text("".join([lines[0], USER_EDIT, *lines[1:]]), encoding="utf-8")
     (project / "NOTES.md").write_text("the user's own file\n", encoding="utf-8")
@@ -104,7 +104,7 @@ def update_and_check(project: Path, fix_commit: str, env: dict[str, str]) -> Non
     updated = cruft("update", "--skip-apply-ask", cwd=project, env=env)
     assert updated.returncode == 0, describe(updated)
     assert not list(project.rglob("*.rej")), "the update conflicted:\n" + describe(updated)
-    model = (project / "src" / PACKAGE / "model.py").read_text(encoding="utf-8")
+    model = (project / "src" / PACKAGE / "parallel" / "ddp.py").read_text(encoding="utf-8")
     assert USER_EDIT in model and model.endswith(TEMPLATE_FIX)  # both, merged in one file
     assert (project / "README.md").read_text(encoding="utf-8").endswith(TEMPLATE_FIX)
     assert (project / "NOTES.md").is_file()
@@ -174,7 +174,7 @@ def test_cookiecutter_project_links_then_updates(template: Path, tmp_path: Path,
     # Those answers re-render the project exactly: the user's edit is the only difference.
     diff = cruft("diff", "--exit-code", cwd=project, env=env)
     changed = [line.split()[-1] for line in diff.stdout.splitlines() if line.startswith("diff --git")]
-    assert changed == [f"upstream-template-new/src/{PACKAGE}/model.py"], describe(diff)
+    assert changed == [f"upstream-template-new/src/{PACKAGE}/parallel/ddp.py"], describe(diff)
     commit_all(project, "cruft link")
 
     update_and_check(project, fix_commit, env)

@@ -68,7 +68,7 @@ usage() {
     cat <<EOF
 usage: ./launch.sh [key=value ...]
 
-Trains under torchrun with this project's defaults (src/{{ cookiecutter.package_name }}/defaults.yaml); every argument
+Trains under torchrun with this project's defaults (src/{{ cookiecutter.package_name }}/config/defaults.yaml); every argument
 overrides one of them, e.g. train.lr=1e-4 output_dir=outputs/run2. Check a machine first with
 python -m {{ cookiecutter.package_name }}.doctor [key=value ...].
 
@@ -164,7 +164,7 @@ fi
 # (a restarted pod) past the lock of that job.
 LAUNCH_RUN_ID="$run_id" python -m {{ cookiecutter.package_name }} --check "$@"
 
-# How this node's workers end, and this script's stop request, pass through files here (launch_status.py).
+# How this node's workers end, and this script's stop request, pass through files here (launch/status.py).
 status_dir="$(mktemp -d "${TMPDIR:-/tmp}/{{ cookiecutter.project_slug }}-launch.XXXXXX")"
 trap 'rm -rf "$status_dir"' EXIT
 
@@ -177,7 +177,7 @@ stop_signal=""
 # shellcheck disable=SC2329 # invoked by the traps below
 request_stop() {
     if [[ "$1" == INT && -n "$stop_signal" ]]; then
-        kill -KILL "$launcher_pid" 2>/dev/null || true # the workers die with it (lifeline.py)
+        kill -KILL "$launcher_pid" 2>/dev/null || true # the workers die with it (launch/lifeline.py)
         echo "launch.sh: stopped at once by a second SIGINT, without a checkpoint;" \
             "the same command resumes from the newest one" >&2
         exit 130
@@ -187,9 +187,9 @@ request_stop() {
 }
 
 # torchrun runs in the launcher, which keeps torchrun's report in a log file, shows the project's lines and
-# leaves the preemption signals to the workers (launcher.py): it starts with them ignored, then blocks them.
+# leaves the preemption signals to the workers (launch/launcher.py): it starts with them ignored, then blocks them.
 trap '' TERM INT USR1
-LAUNCH_STATUS_DIR="$status_dir" python -m {{ cookiecutter.package_name }}.launcher "${args[@]}" -m {{ cookiecutter.package_name }} "$@" &
+LAUNCH_STATUS_DIR="$status_dir" python -m {{ cookiecutter.package_name }}.launch.launcher "${args[@]}" -m {{ cookiecutter.package_name }} "$@" &
 launcher_pid=$!
 trap 'request_stop TERM' TERM
 trap 'request_stop INT' INT

@@ -10,12 +10,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from process_tree import signal_all, wait_for_checkpoint, workers_of
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.config import (
@@ -23,7 +23,7 @@ from {{ cookiecutter.package_name }}.config import (
     Precision,
     load_config,
 )
-from {{ cookiecutter.package_name }}.constants import MODEL_TYPE
+from {{ cookiecutter.package_name }}.config.constants import MODEL_TYPE
 from {{ cookiecutter.package_name }}.model_type.demo import (
     REPRODUCIBLE,
 )
@@ -94,60 +94,6 @@ def start_launch(args: list[str], nproc: int = 2, **env: str) -> subprocess.Pope
         text=True,
         start_new_session=True,
     )
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:  # already gone
-        return []
-
-
-def workers_of(launch: subprocess.Popen) -> list[int]:
-    """The training processes: launch.sh -> torchrun -> workers."""
-    return [worker for torchrun in children(launch.pid) for worker in children(torchrun)]
-
-
-def is_gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie that only waits to be reaped."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def launcher_of(launch: subprocess.Popen) -> int:
-    """launch.sh's child that runs torchrun (launch.sh has others for a moment, when it handles a signal)."""
-    for pid in children(launch.pid):
-        with contextlib.suppress(OSError):
-            if b".launcher" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                return pid
-    raise AssertionError("launch.sh runs no launcher")
-
-
-def wait_for_stop_request(launch: subprocess.Popen, timeout: float = 60) -> None:
-    """Until launch.sh has asked its workers to stop (launch_status.py), which it does when signalled."""
-    variables = Path(f"/proc/{launcher_of(launch)}/environ").read_text().split("\0")
-    environ = dict(item.split("=", 1) for item in variables if "=" in item)
-    stop_file = Path(environ["LAUNCH_STATUS_DIR"]) / "stop"
-    deadline = time.monotonic() + timeout
-    while not stop_file.exists():
-        assert time.monotonic() < deadline, "launch.sh did not pass the signal on"
-        time.sleep(0.01)
-
-
-def wait_for_checkpoint(output_dir: Path, launch: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not list((output_dir / "checkpoints").glob("step-*.pt")):
-        assert launch.poll() is None, f"the run ended early: {launch.communicate()[1][-3000:]}"
-        assert time.monotonic() < deadline, "no checkpoint appeared"
-        time.sleep(0.01)
-
-
-def signal_all(pids: list[int], number: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, number)
 
 
 def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
@@ -248,7 +194,8 @@ def interrupted_run(demo, output_dir: Path, *extra: str, **env: str) -> tuple[su
 INJECTED_FAILURE = """
 import errno, os
 if os.environ.get("RANK", "alone") == os.environ.get("INJECT_RANK"):
-    from {{ cookiecutter.package_name }} import data, trainer
+    from {{ cookiecutter.package_name }}.data import loader as data
+    from {{ cookiecutter.package_name }}.loop import trainer
 
     FAILURES = {
         "data": lambda: data.DataError("injected.jsonl:3: missing field 'label'"),

@@ -18,9 +18,12 @@ import torch
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.distributed import barrier, distributed
+from {{ cookiecutter.package_name }}.loop.trainer import Trainer
 from {{ cookiecutter.package_name }}.model_type.task import TASK
-from {{ cookiecutter.package_name }}.trainer import Trainer
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    barrier,
+    distributed,
+)
 
 
 def evaluate(trainer: Trainer) -> dict:

@@ -23,27 +23,26 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-# One name per line (kept so by the trailing commas): the package name may be long.
-from {{ cookiecutter.package_name }} import (
-    setup,
-)
 from {{ cookiecutter.package_name }}.config import (
     load_config,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    barrier,
-    distributed,
+
+# One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.loop import setup
+from {{ cookiecutter.package_name }}.loop.trainer import (
+    Trainer,
 )
 from {{ cookiecutter.package_name }}.model_type.task import (
     TASK,
 )
-from {{ cookiecutter.package_name }}.task_spec import (
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    barrier,
+    distributed,
+)
+from {{ cookiecutter.package_name }}.task.spec import (
     Task,
     TaskData,
     count_samples,
-)
-from {{ cookiecutter.package_name }}.trainer import (
-    Trainer,
 )
 
 

@@ -25,17 +25,17 @@ from torch.distributed.tensor import DTensor
 from {{ cookiecutter.package_name }}.config import (
     load_config,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    DistEnv,
-    barrier,
-    distributed,
-    gather_objects,
+from {{ cookiecutter.package_name }}.loop.trainer import (
+    Trainer,
 )
 from {{ cookiecutter.package_name }}.model_type.task import (
     TASK,
 )
-from {{ cookiecutter.package_name }}.trainer import (
-    Trainer,
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
+    barrier,
+    distributed,
+    gather_objects,
 )
 
 

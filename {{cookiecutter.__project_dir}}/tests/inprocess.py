@@ -6,17 +6,17 @@ from __future__ import annotations
 from {{ cookiecutter.package_name }}.config import (
     load_config,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    distributed,
+from {{ cookiecutter.package_name }}.launch.preemption import (
+    PreemptionWatch,
+)
+from {{ cookiecutter.package_name }}.loop.trainer import (
+    Trainer,
 )
 from {{ cookiecutter.package_name }}.model_type.task import (
     TASK,
 )
-from {{ cookiecutter.package_name }}.preemption import (
-    PreemptionWatch,
-)
-from {{ cookiecutter.package_name }}.trainer import (
-    Trainer,
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    distributed,
 )
 
 

@@ -21,8 +21,8 @@ from {{ cookiecutter.package_name }}.config import (
     Precision,
     load_config,
 )
-from {{ cookiecutter.package_name }}.constants import MODEL_TYPE
-from {{ cookiecutter.package_name }}.preflight import (
+from {{ cookiecutter.package_name }}.config.constants import MODEL_TYPE
+from {{ cookiecutter.package_name }}.launch.preflight import (
     require_writable_output_dir,
 )
 
@@ -108,7 +108,7 @@ def test_readme_config_reference_is_generated_from_the_schema() -> None:
     rows = list(config_reference.rows())
     keys = [key for key, _, _ in rows]
     assert set(CONTRACT_KEYS) <= set(keys) and len(keys) == len(set(keys))
-    assert all(meaning for _, _, meaning in rows), "a config.py field without a comment"
+    assert all(meaning for _, _, meaning in rows), "a config/schema.py field without a comment"
     assert ("train.precision", "`bf16` \\| `fp16` \\| `fp32`") in [(key, kind) for key, kind, _ in rows]
     readme = config_reference.README.read_text(encoding="utf-8")
     assert config_reference.readme_with_reference(readme) == readme, (
@@ -182,10 +182,10 @@ def test_an_unwritable_output_dir_is_refused(tmp_path: Path, monkeypatch: pytest
 def resolve_in_a_process(name: str, **env: str) -> subprocess.CompletedProcess:
     """``pretrained.resolve`` as the pre-check runs it, in a process of its own: huggingface_hub reads its
     settings (HF_HUB_OFFLINE, HF_HUB_CACHE, HF_ENDPOINT) when it is imported. Every model type carries
-    pretrained.py; a project of the custom type needs huggingface_hub installed for these tests."""
+    task/pretrained.py; a project of the custom type needs huggingface_hub installed for these tests."""
     pytest.importorskip("huggingface_hub")
     code = (
-        f"import sys\nfrom {PACKAGE}.pretrained import PretrainedError, resolve\n"
+        f"import sys\nfrom {PACKAGE}.task.pretrained import PretrainedError, resolve\n"
         f"try:\n    print(resolve({name!r}))\n"
         "except PretrainedError as error:\n    sys.exit('error: ' + str(error))\n"
     )

@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ON_THIS_MACHINE, PACKAGE, PROJECT, children, launch_env
+from conftest import ON_THIS_MACHINE, PACKAGE, PROJECT, launch_env
+from process_tree import children
 
 from {{ cookiecutter.package_name }}.config import (
     load_config,
 )
-from {{ cookiecutter.package_name }}.constants import (
+from {{ cookiecutter.package_name }}.config.constants import (
     GPUS_PER_NODE,
     MODEL_TYPE,
 )
@@ -31,7 +32,7 @@ from {{ cookiecutter.package_name }}.doctor import (
     processes_per_node,
     smoke_test,
 )
-from {{ cookiecutter.package_name }}.lock import OutputDirLock
+from {{ cookiecutter.package_name }}.launch.lock import OutputDirLock
 
 # What a launcher or a cluster may have set in this shell; each test sets what it needs.
 LAUNCH_VARIABLES = ("MASTER_PORT", "PET_MASTER_PORT", "PET_NPROC_PER_NODE")
@@ -134,7 +135,8 @@ def test_an_unknown_config_key_fails_in_one_line() -> None:
 def test_help_exits_zero_without_checking() -> None:
     result = run_doctor(["--help"])
     assert result.returncode == 0
-    assert result.stdout.startswith(f"usage: python -m {PACKAGE}.doctor [-h] [key=value ...]")
+    words = " ".join(result.stdout.split())  # argparse wraps the usage after a long program name
+    assert words.startswith(f"usage: python -m {PACKAGE}.doctor [-h] [key=value ...]")
     assert "FAIL" not in result.stdout and "ok    " not in result.stdout
 
 

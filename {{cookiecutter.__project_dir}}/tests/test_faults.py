@@ -19,13 +19,11 @@ from conftest import (
     assert_checkpoint_at_stop,
     assert_resumed_from,
     assert_same_weights,
-    children,
     interrupted_run,
     read_metrics,
     run_launch,
-    signal_all,
-    wait_for_stop_request,
 )
+from process_tree import children, signal_all, wait_for_stop_request
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
 

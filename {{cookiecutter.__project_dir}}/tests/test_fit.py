@@ -12,7 +12,7 @@ from conftest import assert_same_weights, read_metrics
 from inprocess import StopAfter, fit
 
 # One name per line (kept so by the trailing commas): the package name may be long.
-from {{ cookiecutter.package_name }}.preemption import (
+from {{ cookiecutter.package_name }}.launch.preemption import (
     Preempted,
 )
 

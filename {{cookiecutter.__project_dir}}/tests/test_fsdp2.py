@@ -23,26 +23,24 @@ from conftest import (
     NO_ADAPTER_DROPOUT,
     ON_THIS_MACHINE,
     PROJECT,
-    children,
     launch_env,
     read_metrics,
     run_launch,
-    signal_all,
     start_launch,
     without_dropout,
-    workers_of,
 )
+from process_tree import children, signal_all, workers_of
 from safetensors.torch import load_file
 
 # One name per line (kept so by the trailing commas): the package name may be long.
 from {{ cookiecutter.package_name }}.config import (
     load_config,
 )
-from {{ cookiecutter.package_name }}.constants import (
+from {{ cookiecutter.package_name }}.config.constants import (
     MODEL_TYPE,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    distributed,
+from {{ cookiecutter.package_name }}.loop.trainer import (
+    Trainer,
 )
 from {{ cookiecutter.package_name }}.model_type.demo import (
     REPRODUCIBLE,
@@ -50,8 +48,8 @@ from {{ cookiecutter.package_name }}.model_type.demo import (
 from {{ cookiecutter.package_name }}.model_type.task import (
     TASK,
 )
-from {{ cookiecutter.package_name }}.trainer import (
-    Trainer,
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    distributed,
 )
 
 pytestmark = pytest.mark.slow

@@ -143,7 +143,7 @@ def test_torchruns_own_pet_variables_stand_in_for_ours(fake_bin: Path) -> None:
 def test_torchrun_leaves_the_preemption_signals_to_the_workers(fake_bin: Path) -> None:
     # scancel, SLURM's --signal and Ctrl-C reach every process of the job, torchrun included: it must not
     # act on them (it would stop the workers and exit 1); the workers save a checkpoint. It starts with
-    # them ignored and blocks them itself (launcher.py), before torchrun's own handlers are installed.
+    # them ignored and blocks them itself (launch/launcher.py), before torchrun's own handlers are installed.
     result = launch(fake_bin, NPROC_PER_NODE="1")
     mask = next(line for line in result.stdout.splitlines() if line.startswith("SigIgn:")).split()[1]
     ignored = int(mask, 16)

@@ -14,16 +14,16 @@ from {{ cookiecutter.package_name }}.config import (
     ConfigError,
     Precision,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    DistEnv,
-)
-from {{ cookiecutter.package_name }}.longest_batch import (
+from {{ cookiecutter.package_name }}.loop.longest_batch import (
     try_longest_batch,
 )
-from {{ cookiecutter.package_name }}.state import (
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
+)
+from {{ cookiecutter.package_name }}.parallel.training_state import (
     TrainingState,
 )
-from {{ cookiecutter.package_name }}.task_spec import (
+from {{ cookiecutter.package_name }}.task.spec import (
     Batch,
     Task,
     TaskData,

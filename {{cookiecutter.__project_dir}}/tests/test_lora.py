@@ -15,40 +15,33 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import (
-    FAULT_RUN,
-    assert_same_weights,
-    children,
-    final_weights,
-    interrupted_run,
-    read_metrics,
-    run_launch,
-    signal_all,
-)
+from conftest import FAULT_RUN, assert_same_weights, final_weights, interrupted_run, read_metrics, run_launch
+from process_tree import children, signal_all
 from safetensors.torch import load_file
 from test_equivalence import FLOAT64, assert_same_tensors, float64_probe
 
-# One name per line (kept so by the trailing commas): the package name may be long.
-from {{ cookiecutter.package_name }}.checkpoint import (
-    CheckpointError,
-)
 from {{ cookiecutter.package_name }}.config import (
     load_config,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    distributed,
+from {{ cookiecutter.package_name }}.config.validation import (
+    ConfigError,
 )
-from {{ cookiecutter.package_name }}.hf import (
-    load_fine_tuned,
+from {{ cookiecutter.package_name }}.loop.trainer import (
+    Trainer,
 )
 from {{ cookiecutter.package_name }}.model_type.task import (
     TASK,
 )
-from {{ cookiecutter.package_name }}.trainer import (
-    Trainer,
+
+# One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.parallel.checkpoint import (
+    CheckpointError,
 )
-from {{ cookiecutter.package_name }}.validation import (
-    ConfigError,
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    distributed,
+)
+from {{ cookiecutter.package_name }}.task.hugging_face import (
+    load_fine_tuned,
 )
 
 pytest.importorskip("peft", reason="LoRA needs peft, which finetune=lora projects install")

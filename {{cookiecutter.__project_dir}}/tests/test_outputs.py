@@ -17,31 +17,32 @@ import torch
 from conftest import read_metrics
 from inprocess import StopAfter, fit
 
-# One name per line (kept so by the trailing commas): the package name may be long.
-from {{ cookiecutter.package_name }} import (
-    checkpoint as checkpoint_module,
-)
-from {{ cookiecutter.package_name }}.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-)
 from {{ cookiecutter.package_name }}.config import (
     ConfigError,
     load_config,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    DistEnv,
+from {{ cookiecutter.package_name }}.launch.preemption import (
+    Preempted,
+)
+from {{ cookiecutter.package_name }}.loop.nonfinite import (
+    TrainingDiverged,
 )
 from {{ cookiecutter.package_name }}.model_type.task import (
     TASK,
 )
-from {{ cookiecutter.package_name }}.nonfinite import (
-    TrainingDiverged,
+
+# One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.parallel import (
+    checkpoint as checkpoint_module,
 )
-from {{ cookiecutter.package_name }}.preemption import (
-    Preempted,
+from {{ cookiecutter.package_name }}.parallel.checkpoint import (
+    Checkpointer,
+    CheckpointError,
 )
-from {{ cookiecutter.package_name }}.task_spec import (
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
+)
+from {{ cookiecutter.package_name }}.task.spec import (
     dataset_size,
 )
 

@@ -14,21 +14,21 @@ import torch.multiprocessing as mp
 from torch import nn
 
 # One name per line (kept so by the trailing commas): the package name may be long.
-from {{ cookiecutter.package_name }} import (
+from {{ cookiecutter.package_name }}.parallel import (
     checkpoint as checkpoint_module,
 )
-from {{ cookiecutter.package_name }}.checkpoint import (
+from {{ cookiecutter.package_name }}.parallel.checkpoint import (
     Checkpointer,
     CheckpointError,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    DistEnv,
-)
-from {{ cookiecutter.package_name }}.model import (
+from {{ cookiecutter.package_name }}.parallel.ddp import (
     parameter_checksums,
     sync_state_buffers,
 )
-from {{ cookiecutter.package_name }}.state import (
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
+)
+from {{ cookiecutter.package_name }}.parallel.training_state import (
     Progress,
     TrainingState,
 )

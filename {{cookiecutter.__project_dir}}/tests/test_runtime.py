@@ -1,5 +1,5 @@
 """The runtime's guards, without torchrun: the output_dir lock, how the launcher turns the workers'
-outcomes into lines and an exit code, processes tied to their parent, and gloo's network interface."""
+outcomes into lines and an exit code, and processes tied to their parent."""
 
 from __future__ import annotations
 
@@ -17,26 +17,21 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch.distributed as dist
-from conftest import ON_THIS_MACHINE, PROJECT, is_gone
+from conftest import ON_THIS_MACHINE, PROJECT
+from process_tree import is_gone
 
-from {{ cookiecutter.package_name }} import launcher, lock
-from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.distributed import (
-    distributed,
-    gloo_follows_nccl_interface,
+from {{ cookiecutter.package_name }}.launch import launcher, lock
+from {{ cookiecutter.package_name }}.launch.lock import (
+    Holder,
+    OutputDirBusy,
+    OutputDirLock,
 )
-from {{ cookiecutter.package_name }}.launch_status import (
+from {{ cookiecutter.package_name }}.launch.status import (
     CRASH,
     FINISHED,
     PREEMPTED,
     USER_ERROR,
     Outcome,
-)
-from {{ cookiecutter.package_name }}.lock import (
-    Holder,
-    OutputDirBusy,
-    OutputDirLock,
 )
 
 
@@ -230,7 +225,7 @@ def test_a_bug_or_a_killed_worker_is_one_line_with_the_log(capsys, tmp_path: Pat
 TIED_CHILD = """
 import os, sys, time
 sys.path.insert(0, sys.argv[1])
-from {{ cookiecutter.package_name }}.lifeline import tie_to_parent
+from {{ cookiecutter.package_name }}.launch.lifeline import tie_to_parent
 tie_to_parent()
 print(os.getpid(), flush=True)
 time.sleep(60)
@@ -253,48 +248,3 @@ def test_a_process_tied_to_its_parent_ends_with_it(tmp_path: Path) -> None:
     while not is_gone(child):
         assert time.monotonic() < deadline, "the child outlived its parent"
         time.sleep(0.02)
-
-
-@pytest.mark.parametrize(
-    ("nccl", "interfaces", "gloo"),
-    [
-        ("eth1", ["lo", "eth0", "eth1"], "eth1"),
-        ("eth", ["lo", "eth0", "eth1"], "eth0"),  # NCCL's prefix: gloo needs one exact name
-        ("=ib0", ["lo", "ib0", "ib01"], "ib0"),
-        ("ens5,eth0", ["lo", "eth0"], "eth0"),
-        ("^docker,lo", ["lo", "eth0"], None),  # exclusions have no gloo form
-        ("wlan", ["lo", "eth0"], None),
-        ("", ["lo", "eth0"], None),
-    ],
-)
-def test_gloo_follows_the_nccl_interface(nccl: str, interfaces: list[str], gloo: str | None) -> None:
-    environ = {"NCCL_SOCKET_IFNAME": nccl}
-    gloo_follows_nccl_interface(environ, interfaces)
-    assert environ.get("GLOO_SOCKET_IFNAME") == gloo
-    mine = {"NCCL_SOCKET_IFNAME": nccl, "GLOO_SOCKET_IFNAME": "bond0"}
-    gloo_follows_nccl_interface(mine, interfaces)
-    assert mine["GLOO_SOCKET_IFNAME"] == "bond0"  # set by the user: left alone
-
-
-class Joined(Exception):
-    """Stands in for the process group, once init_process_group was reached."""
-
-
-def test_process_groups_are_made_with_gloo_on_the_nccl_interface(monkeypatch: pytest.MonkeyPatch) -> None:
-    loopback = socket.if_nameindex()[0][1]
-    single = {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "NCCL_SOCKET_IFNAME": loopback}
-    for name, value in single.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
-    seen = {}
-
-    def init_process_group(**kwargs: object) -> None:
-        seen["gloo"] = os.environ.get("GLOO_SOCKET_IFNAME")
-        raise Joined
-
-    monkeypatch.setattr(dist, "init_process_group", init_process_group)
-    config = load_config([*ON_THIS_MACHINE, "distributed.backend=gloo", "distributed.device=cpu"])
-    with pytest.raises(Joined), distributed(config.distributed):
-        pass
-    assert seen == {"gloo": loopback}

@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.distributed import DistEnv
-from {{ cookiecutter.package_name }}.sampling import (
+from {{ cookiecutter.package_name }}.data.sampling import (
     EvalBatches,
     ResumableDistributedSampler,
     length_window,
+)
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
 )
 
 CPU = torch.device("cpu")

@@ -15,34 +15,35 @@ from inprocess import StopAfter, fit
 from torch import nn
 from torch.distributed.checkpoint import FileSystemWriter
 
-# One name per line (kept so by the trailing commas): the package name may be long.
-from {{ cookiecutter.package_name }}.checkpoint import (
-    Checkpointer,
-    CheckpointError,
-)
 from {{ cookiecutter.package_name }}.config import (
     ConfigError,
     load_config,
 )
-from {{ cookiecutter.package_name }}.constants import (
+from {{ cookiecutter.package_name }}.config.constants import (
     MODEL_TYPE,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    DistEnv,
-)
-from {{ cookiecutter.package_name }}.fsdp import (
-    shard_blocks,
-)
-from {{ cookiecutter.package_name }}.preemption import (
+from {{ cookiecutter.package_name }}.launch.preemption import (
     Preempted,
 )
-from {{ cookiecutter.package_name }}.sharded_checkpoint import (
+
+# One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.parallel.checkpoint import (
+    Checkpointer,
+    CheckpointError,
+)
+from {{ cookiecutter.package_name }}.parallel.fsdp import (
+    shard_blocks,
+)
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
+)
+from {{ cookiecutter.package_name }}.parallel.sharded_checkpoint import (
     IndexReader,
     ShardedDirectory,
     read_index,
     tensors_of,
 )
-from {{ cookiecutter.package_name }}.state import (
+from {{ cookiecutter.package_name }}.parallel.training_state import (
     Progress,
     TrainingState,
 )

@@ -11,22 +11,28 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from {{ cookiecutter.package_name }} import precision as precision_module
-from {{ cookiecutter.package_name }} import throughput as throughput_module
 from {{ cookiecutter.package_name }}.config import (
     DistributedConfig,
     Precision,
 )
-from {{ cookiecutter.package_name }}.distributed import DistEnv
-from {{ cookiecutter.package_name }}.memory import peak_memory
-from {{ cookiecutter.package_name }}.model import (
-    has_training_state_buffers,
-    wrap_ddp,
+from {{ cookiecutter.package_name }}.observe import (
+    throughput as throughput_module,
 )
-from {{ cookiecutter.package_name }}.throughput import (
+from {{ cookiecutter.package_name }}.observe.memory import peak_memory
+from {{ cookiecutter.package_name }}.observe.throughput import (
     Throughput,
     device_peak_flops,
     training_flops_per_token,
+)
+from {{ cookiecutter.package_name }}.parallel import (
+    precision as precision_module,
+)
+from {{ cookiecutter.package_name }}.parallel.ddp import (
+    has_training_state_buffers,
+    wrap_ddp,
+)
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
 )
 
 CPU = torch.device("cpu")

@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import read_metrics, run_launch
 
-from {{ cookiecutter.package_name }}.config import TrackerName, load_config
-from {{ cookiecutter.package_name }}.trackers import RUN_FILE
+from {{ cookiecutter.package_name }}.config import (
+    TrackerName,
+    load_config,
+)
+from {{ cookiecutter.package_name }}.observe.trackers import RUN_FILE
 
 pytestmark = pytest.mark.slow
 TRACKER = load_config([]).tracker.name

@@ -14,14 +14,14 @@ import sys
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from .config import ConfigError, load_config
-from .errors import report_error
-from .launch_status import launched_by_torchrun
-from .lifeline import expected_parent, tie_to_parent
-from .preflight import check
+from .launch.errors import report_error
+from .launch.lifeline import expected_parent, tie_to_parent
+from .launch.preflight import check
+from .parallel.environment import launched_by_torchrun
 
 USAGE = """usage: python -m {package} [key=value ...]
 
-Trains with the defaults in {package}/defaults.yaml, each key=value overriding one of them,
+Trains with the defaults in {package}/config/defaults.yaml, each key=value overriding one of them,
 e.g. train.lr=1e-4 data.batch_size=8 output_dir=outputs/run2. Run under torchrun (see launch.sh)
 for more than one process. Exit codes: 0 finished, 75 stopped after a checkpoint (SIGTERM, SIGUSR1,
 Ctrl-C; the same command resumes), 1 an error.

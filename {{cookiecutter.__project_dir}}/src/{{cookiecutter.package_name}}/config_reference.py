@@ -1,10 +1,10 @@
-"""The configuration reference of README.md, generated from the schema in config.py, never written by hand.
+"""The configuration reference of README.md, generated from the schema (config/schema.py), never by hand.
 
     python -m <package>.config_reference            # print the Markdown table
     python -m <package>.config_reference --write    # refresh README.md's copy after changing the schema
     python -m <package>.config_reference --check    # exit 1 when README.md's copy is out of date
 
-Each key's meaning is the docstring under its field (in config.py, or model_type/settings.py for this
+Each key's meaning is the docstring under its field (in config/schema.py, or config/data.py for this
 model type's own keys); its type comes from the annotation.
 """
 
@@ -20,8 +20,8 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
-from .cli import command_parser
 from .config import Config, public_key
+from .config.cli import command_parser
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN = "<!-- config reference: begin -->"

@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .cli import command_parser
 from .config import Config, Device, Precision, load_config
-from .constants import GPUS_PER_NODE
+from .config.cli import command_parser
+from .config.constants import GPUS_PER_NODE
 
 DESCRIPTION = """Builds a tiny local checkpoint of this project's model type and demo data in DIRECTORY
 (default: demo), offline, and writes the overrides that train on them to DIRECTORY/overrides.txt

@@ -20,12 +20,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .cli import command_parser
 from .config import Backend, Config, ConfigError, Device, load_config
-from .constants import GPUS_PER_NODE, MODEL_TYPE
-from .lock import OutputDirBusy, refuse_if_in_use
+from .config.cli import command_parser
+from .config.constants import GPUS_PER_NODE, MODEL_TYPE
+from .launch.lock import OutputDirBusy, refuse_if_in_use
 from .model_type.checks import check_config
-from .pretrained import PretrainedError, resolve_if_used
+from .task.pretrained import PretrainedError, resolve_if_used
 
 DESCRIPTION = """Checks this machine with the configuration training would use (the defaults plus the same
 key=value overrides): versions, GPUs against processes per node, the backend with a 2-process all_reduce,
@@ -45,7 +45,7 @@ def fail(problem: str, fix: str) -> Line:
 def config_problem(error: ConfigError) -> Line:
     # Config errors already read "<key>: <problem>; <fix>": keep the fix, in this command's format.
     problem, _, fix = str(error).partition("; ")
-    return fail(problem, fix or "correct that key=value; every key is documented in config.py")
+    return fail(problem, fix or "correct that key=value; every key is documented in config/schema.py")
 
 
 def cuda_status(config: Config) -> Line:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .cli import command_parser
+from .config.cli import command_parser
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

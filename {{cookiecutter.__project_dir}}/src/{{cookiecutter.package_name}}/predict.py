@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .cli import CommandParser, command_parser, whole_number
-from .data import DataError
-from .task_spec import PredictError, Predictor
+from .config.cli import CommandParser, command_parser, whole_number
+from .data.loader import DataError
+from .task.spec import PredictError, Predictor
 
 DESCRIPTION = """Runs the fine-tuned model in MODEL_DIR (a run's final/ folder, e.g. outputs/run/final) on
 INPUT, in this project's data format, and writes one JSON line per input, in input order, to

@@ -9,17 +9,17 @@ from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .checkpoint import CheckpointError
 from .config import Config, ConfigError
-from .data import DataError
-from .distributed import DistEnv, broadcast_object, distributed, launched_by_torchrun
-from .errors import os_error_message, report_crash, report_error
-from .launch_status import FINISHED, PREEMPTED, tell_launcher
-from .lock import OutputDirBusy, OutputDirLock
-from .log import log, setup_logging
+from .data.loader import DataError
+from .launch.errors import os_error_message, report_crash, report_error
+from .launch.lock import OutputDirBusy, OutputDirLock
+from .launch.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
+from .launch.status import FINISHED, PREEMPTED, tell_launcher
+from .loop.trainer import Trainer
 from .model_type.task import TASK
-from .preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
-from .trainer import Trainer
+from .observe.log import log, setup_logging
+from .parallel.checkpoint import CheckpointError
+from .parallel.process_group import DistEnv, broadcast_object, distributed, launched_by_torchrun
 
 # Errors whose message is the whole report: the user's to fix, no traceback.
 USER_ERRORS = (ConfigError, DataError, CheckpointError)

@@ -13,13 +13,15 @@ from conftest import ON_THIS_MACHINE, read_metrics, run_launch
 from predict_helpers import prediction_error, predictions, run_predict
 
 from {{ cookiecutter.package_name }}.config import load_config
-from {{ cookiecutter.package_name }}.data import (
+from {{ cookiecutter.package_name }}.data.loader import (
     DataError,
 )
-from {{ cookiecutter.package_name }}.distributed import DistEnv
-from {{ cookiecutter.package_name }}.model_type import task
-from {{ cookiecutter.package_name }}.sampling import (
+from {{ cookiecutter.package_name }}.data.sampling import (
     EvalBatches,
+)
+from {{ cookiecutter.package_name }}.model_type import task
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
 )
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

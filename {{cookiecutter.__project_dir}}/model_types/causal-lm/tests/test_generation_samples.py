@@ -12,23 +12,19 @@ from conftest import ON_THIS_MACHINE, read_metrics, run_launch
 from inprocess import StopAfter, fit
 from transformers import AutoModelForCausalLM
 
-# One name per line (kept so by the trailing commas): the package name may be long.
-from {{ cookiecutter.package_name }} import (
-    preflight,
-)
 from {{ cookiecutter.package_name }}.config import (
     ConfigError,
     load_config,
 )
-from {{ cookiecutter.package_name }}.distributed import (
-    DistEnv,
-)
-from {{ cookiecutter.package_name }}.model_type import (
-    generation,
-    task,
-)
-from {{ cookiecutter.package_name }}.preemption import (
+
+# One name per line (kept so by the trailing commas): the package name may be long.
+from {{ cookiecutter.package_name }}.launch import preflight
+from {{ cookiecutter.package_name }}.launch.preemption import (
     Preempted,
+)
+from {{ cookiecutter.package_name }}.model_type import generation, task
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
 )
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

@@ -15,11 +15,10 @@ from {{ cookiecutter.package_name }}.config import (
     ConfigError,
     load_config,
 )
-from {{ cookiecutter.package_name }}.data import DataError
-from {{ cookiecutter.package_name }}.distributed import DistEnv
-from {{ cookiecutter.package_name }}.model_type import (
-    checks,
-    task,
+from {{ cookiecutter.package_name }}.data.loader import DataError
+from {{ cookiecutter.package_name }}.model_type import checks, task
+from {{ cookiecutter.package_name }}.parallel.process_group import (
+    DistEnv,
 )
 
 ENV = DistEnv(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))

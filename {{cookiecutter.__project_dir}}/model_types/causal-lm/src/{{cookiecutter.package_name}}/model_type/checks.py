@@ -1,9 +1,9 @@
-"""Pre-flight checks of causal language modelling (see preflight.py): nothing heavy is imported here."""
+"""Pre-flight checks of causal language modelling (launch/preflight.py runs them): nothing heavy imported."""
 
 from __future__ import annotations
 
 from ..config import Config
-from ..preflight import require_file, require_pretrained
+from ..config.checks import require_file, require_pretrained
 
 
 def check_config(config: Config) -> None:

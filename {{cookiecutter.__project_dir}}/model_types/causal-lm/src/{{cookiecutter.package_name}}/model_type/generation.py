@@ -1,5 +1,5 @@
 """Greedy completions of validation prompts during training (``eval.generate_samples``, see
-generations.py): the prompt of an instruction sample is everything before its first target token and
+loop/generations.py): the prompt of an instruction sample is everything before its first target token and
 its reference the response that follows; a block of plain text is cut in half.
 
 Every prompt gets exactly ``max_new_tokens`` forwards, cut at the first end-of-text token afterwards:
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..task_spec import TaskData, dataset_size
+from ..task.spec import TaskData, dataset_size
 from .instructions import IGNORE_INDEX
 
 

@@ -21,11 +21,11 @@ import pyarrow.compute as pc
 import torch
 from torch.utils.data import Dataset
 
-from ..arrow_rows import IntegerLists
-from ..data import DataError
-from ..data_cache import RECORD_BATCH_ROWS, arrow_file, processes
-from ..data_sources import Source, SplitReader, python_values, require_fields, require_text
-from ..log import log
+from ..data.arrow_rows import IntegerLists
+from ..data.cache import RECORD_BATCH_ROWS, arrow_file, processes
+from ..data.loader import DataError
+from ..data.sources import Source, SplitReader, python_values, require_fields, require_text
+from ..observe.log import log
 
 IGNORE_INDEX = -100  # label of a position that is no target
 ROLES = ("system", "user", "assistant")

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..arrow_rows import IntegerLists, flat_values
+from ..data.arrow_rows import IntegerLists, flat_values
 
 PACK_BATCH = 1000  # blocks cut per call of the packing map
 IDS_ONLY = {"return_attention_mask": False, "return_token_type_ids": False}  # 15% less tokenizer time

@@ -27,9 +27,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from ..task_spec import Batch
+from ..config.data import PaddingFree
+from ..task.spec import Batch
 from .instructions import IGNORE_INDEX
-from .settings import PaddingFree
 
 # The check's samples: short, so it costs one small forward even for a large model on the CPU.
 PROBE_TOKENS = 12

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from ..cli import whole_number
-from ..data import DataError, iter_jsonl
-from ..hf import load_fine_tuned, load_preprocessor
-from ..task_spec import PredictError, Prediction
+from ..config.cli import whole_number
+from ..data.loader import DataError, iter_jsonl
+from ..task.hugging_face import load_fine_tuned, load_preprocessor
+from ..task.spec import PredictError, Prediction
 from .instructions import message_problem
 
 Prompt = tuple[str, Any]  # the record's format (text, prompt, messages) and its value

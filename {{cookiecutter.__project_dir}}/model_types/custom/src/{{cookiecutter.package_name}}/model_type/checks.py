@@ -1,4 +1,4 @@
-"""Pre-flight checks of the custom model type (see preflight.py): nothing heavy is imported here.
+"""Pre-flight checks of the custom model type (see launch/preflight.py): nothing heavy is imported here.
 
 Add the checks your own data and model need; launch.sh runs them in a second, before torchrun starts.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import Config, ConfigError
-from ..preflight import require_path
+from ..config.checks import require_path
 
 
 def check_config(config: Config) -> None:

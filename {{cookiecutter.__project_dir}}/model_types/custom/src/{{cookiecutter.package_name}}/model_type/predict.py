@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_model
 
-from .. import classification
-from ..task_spec import PredictError, Prediction
+from ..task import classification
+from ..task.spec import PredictError, Prediction
 from .task import Model, load_inputs
 
 

@@ -22,9 +22,9 @@ from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
 from ..config import Config
-from ..data import DataError
-from ..distributed import DistEnv
-from ..task_spec import Batch, Task, TaskData, at_least_fp32
+from ..data.loader import DataError
+from ..parallel.process_group import DistEnv
+from ..task.spec import Batch, Task, TaskData, at_least_fp32
 
 # ---- YOUR CODE 1: the model ----------------------------------------------------------------------
 MODEL_CONFIG = {"in_features": 32, "hidden": 64, "classes": 4}
@@ -93,7 +93,7 @@ def synthetic_split(seed: int, size: int) -> TensorDataset:
     return TensorDataset(inputs, (inputs @ teacher).argmax(dim=1))
 
 
-# ---- The shared loop's interface (see task_spec.py); no need to edit below ---------------------
+# ---- The shared loop's interface (see task/spec.py); no need to edit below ---------------------
 
 
 def build_data(config: Config, env: DistEnv) -> TaskData:

@@ -1,11 +1,11 @@
-"""Pre-flight checks of image classification (see preflight.py): nothing heavy is imported here."""
+"""Pre-flight checks of image classification (see launch/preflight.py): nothing heavy is imported here."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from ..config import Config, ConfigError
-from ..preflight import require_path, require_pretrained
+from ..config.checks import require_path, require_pretrained
 
 
 def require_folder(key: str, value: str) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from PIL import Image, ImageOps
 
-from ..data import DataError
-from ..log import log
+from ..data.loader import DataError
+from ..observe.log import log
 
 IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".webp")
 # Header checks mostly wait on storage (a network filesystem above all), so threads overlap them well.

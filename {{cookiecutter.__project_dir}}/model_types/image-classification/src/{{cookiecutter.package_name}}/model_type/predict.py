@@ -14,11 +14,11 @@ from typing import Any
 import torch
 from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-from .. import classification
-from ..data import DataError
-from ..hf import load_fine_tuned, load_preprocessor
-from ..log import log
-from ..task_spec import Prediction
+from ..data.loader import DataError
+from ..observe.log import log
+from ..task import classification
+from ..task.hugging_face import load_fine_tuned, load_preprocessor
+from ..task.spec import Prediction
 from .image_folders import IMAGE_SUFFIXES, check_headers, load_image
 from .task import PIL_PROCESSOR
 

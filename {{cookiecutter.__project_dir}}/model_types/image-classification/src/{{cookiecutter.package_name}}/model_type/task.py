@@ -9,7 +9,7 @@ names a hub dataset or local dataset folder (an image folder laid out the same w
 
 Nothing is decoded up front: one rank per filesystem lists the folders (reading each image's header to
 check that it opens) or reads the hub dataset's labels, and writes the index (image path or encoded bytes,
-label id) as Arrow files under ``output_dir/cache`` that every rank memory-maps (see data_cache.py). Pixels
+label id) as Arrow files under ``output_dir/cache`` that every rank memory-maps (see data/cache.py). Pixels
 are decoded in the Dataset's ``__getitem__``, i.e. inside the DataLoader workers of the one rank whose
 shard holds the sample, and run through the checkpoint's image processor on its PIL/numpy backend, so
 torchvision is never needed.
@@ -30,17 +30,17 @@ from torch import nn
 from torch.utils.data import Dataset, get_worker_info
 from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification
 
-from .. import classification
-from ..arrow_rows import ChunkedColumn, Integers
 from ..config import Config
-from ..data import DataError
-from ..data_cache import arrow_file, prepare
-from ..data_sources import Source, SplitReader, file_stat, quiet_datasets, require_fields, split_sources
-from ..distributed import DistEnv, main_process_first
-from ..hf import load_classifier, quiet_transformers, save_pretrained
-from ..labels import read_classes, require_known
-from ..log import log
-from ..task_spec import Batch, Task, TaskData
+from ..data.arrow_rows import ChunkedColumn, Integers
+from ..data.cache import arrow_file, prepare
+from ..data.labels import read_classes, require_known
+from ..data.loader import DataError
+from ..data.sources import Source, SplitReader, file_stat, quiet_datasets, require_fields, split_sources
+from ..observe.log import log
+from ..parallel.process_group import DistEnv, main_process_first
+from ..task import classification
+from ..task.hugging_face import load_classifier, quiet_transformers, save_pretrained
+from ..task.spec import Batch, Task, TaskData
 from .image_folders import IMAGE_SUFFIXES, class_folders, load_image, scan_splits
 
 # transformers 5 names its image-processor backends ("pil", "torchvision"); 4.x called them slow and fast.

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from .. import classification
-from ..data import DataError, iter_jsonl, to_device
-from ..hf import load_fine_tuned, load_preprocessor
-from ..task_spec import Prediction
+from ..data.loader import DataError, iter_jsonl, to_device
+from ..task import classification
+from ..task.hugging_face import load_fine_tuned, load_preprocessor
+from ..task.spec import Prediction
 from .task import Collator, with_pad_token
 
 

@@ -5,7 +5,7 @@ hub dataset or local dataset folder (``data.hub_dataset``), read with Hugging Fa
 and label columns are ``data.text_field`` and ``data.label_field``. Labels are integers, or strings mapped
 to ids in sorted order; the names are saved with the model (``id2label`` / ``label2id`` in its config).
 
-Preprocessing runs once per filesystem (see data_cache.py): the data is checked column by column and
+Preprocessing runs once per filesystem (see data/cache.py): the data is checked column by column and
 tokenized by a batched ``map`` in as many processes as there are cores, into Arrow files under
 ``output_dir/cache`` that every rank memory-maps. A rerun with the same data, tokenizer and settings reads
 them back without tokenizing. Batches are padded to their own longest sample, and ``data.group_by_length``
@@ -26,16 +26,16 @@ from torch import nn
 from torch.utils.data import Dataset
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from .. import classification
-from ..arrow_rows import IntegerLists, Integers
 from ..config import Config
-from ..data_cache import RECORD_BATCH_ROWS, arrow_file, prepare, processes
-from ..data_sources import SplitReader, naming_undecodable, quiet_datasets, read_text_split, split_sources
-from ..distributed import DistEnv
-from ..hf import load_classifier, quiet_transformers, save_pretrained
-from ..labels import Classes, read_classes, require_known
-from ..log import log
-from ..task_spec import Batch, Task, TaskData, count_real_tokens
+from ..data.arrow_rows import IntegerLists, Integers
+from ..data.cache import RECORD_BATCH_ROWS, arrow_file, prepare, processes
+from ..data.labels import Classes, read_classes, require_known
+from ..data.sources import SplitReader, naming_undecodable, quiet_datasets, read_text_split, split_sources
+from ..observe.log import log
+from ..parallel.process_group import DistEnv
+from ..task import classification
+from ..task.hugging_face import load_classifier, quiet_transformers, save_pretrained
+from ..task.spec import Batch, Task, TaskData, count_real_tokens
 
 CACHE_FORMAT = 3  # of the tokenized data; part of its key, so an older layout is never read
 IDS_ONLY = {"return_attention_mask": False, "return_token_type_ids": False}  # 15% less tokenizer time

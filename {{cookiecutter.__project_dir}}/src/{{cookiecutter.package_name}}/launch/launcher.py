@@ -1,0 +1,148 @@
+"""torchrun for launch.sh, run in this process: the user sees the project's lines, never torchrun's report.
+
+launch.sh runs ``python -m <package>.launcher <torchrun arguments>``: torchrun's own ``main`` with the same
+arguments, and three differences.
+
+- The terminal. torchrun's log and its report of a failed worker (35-40 lines, more with restarts) go to a
+  file. Once torchrun returns, every worker of this node has exited and left its outcome
+  (launch/status.py); this prints each distinct user error's line once, or one line for a bug that names
+  a log file under output_dir holding the tracebacks and torchrun's report.
+- Signals. SIGTERM, SIGINT and SIGUSR1 are blocked here, so torchrun's handlers, which stop the workers,
+  kill them 30 s later and exit 1, never run. The workers act on the signal (launch.sh passes it on as a
+  stop request), save a checkpoint and exit, and torchrun sees a clean end. The workers inherit the
+  block and lift it once their own handlers are in place: a signal that comes while they start waits.
+- Lifetimes. This process dies with launch.sh, and the workers with this process (launch/lifeline.py).
+
+The exit code is launch.sh's: 0 finished, 75 stopped after a checkpoint (on every node: each worker
+reports the stop its group agreed on), 1 an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..config import ConfigError, load_config
+from ..config.constants import PACKAGE
+from .lifeline import PARENT_PID_ENV, tie_to_parent
+from .preemption import PREEMPTED_EXIT_CODE
+from .status import CRASH, PREEMPTED, STATUS_DIR_ENV, USER_ERROR, Outcome, read_outcomes
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    tie_to_parent()
+    status = Path(os.environ.get(STATUS_DIR_ENV) or tempfile.mkdtemp(prefix="launch-status-"))
+    os.environ[STATUS_DIR_ENV] = str(status)
+    os.environ[PARENT_PID_ENV] = str(os.getpid())
+    from torch.distributed.run import main as torchrun
+
+    torchrun_log = status / "torchrun.log"
+    _log_to(torchrun_log)  # after importing torch, which sets up loggers of its own
+    failure = None
+    try:
+        torchrun(args)
+    except Exception as error:  # a worker failed (ChildFailedError), the rendezvous failed, ...
+        failure = error
+        logging.getLogger(__name__).error(f"torchrun failed:\n{error}", exc_info=error)
+    return conclude(read_outcomes(status), failure, lambda: write_failure_log(args, status, torchrun_log))
+
+
+def conclude(outcomes: list[Outcome], failure: Exception | None, failure_log: Callable[[], Path]) -> int:
+    """Print what the run's end means for the user and return launch.sh's exit code."""
+    failed = getattr(failure, "failures", {})  # ChildFailedError: global rank -> ProcessFailure
+    reported = [outcome for outcome in outcomes if outcome.pid in {p.pid for p in failed.values()}]
+    attempt = reported[0].attempt if reported else max((o.attempt for o in outcomes), default=0)
+    this_attempt = [outcome for outcome in outcomes if outcome.attempt == attempt]
+
+    stops = [outcome for outcome in this_attempt if outcome.kind == PREEMPTED]
+    if stops:  # the checkpoint is on disk, whatever happened after it
+        say(f"launch.sh: {stops[0].message}")
+        return PREEMPTED_EXIT_CODE
+    if failure is None:
+        return 0
+    user_errors = [outcome.message for outcome in this_attempt if outcome.kind == USER_ERROR]
+    if user_errors:
+        for message in dict.fromkeys(user_errors):  # each once, in rank order
+            say(message)
+        return 1
+    log_path = failure_log()
+    reported_pids = {outcome.pid for outcome in reported}
+    silent = [(rank, process) for rank, process in sorted(failed.items()) if process.pid not in reported_pids]
+    # Each rank reports before it leaves the process group (run.py): the cause's report is the earliest.
+    crashes = sorted((o for o in reported if o.kind == CRASH), key=lambda outcome: outcome.time)
+    if silent:  # died without a word (a signal, a segfault): the cause; the others failed for lack of it
+        rank, process = silent[0]
+        how = f"exited with {process.exitcode}"
+        if process.exitcode < 0:
+            how = f"was killed by {process.signal_name()}"
+        say(f"error: rank {rank} (pid {process.pid}) {how}; torchrun's report is in {log_path}")
+    elif crashes:
+        say(f"error: rank {crashes[0].rank} failed with {crashes[0].message}; the traceback is in {log_path}")
+    else:
+        first_line = (str(failure).strip().splitlines() or [""])[0]
+        say(f"error: torchrun failed: {type(failure).__name__}: {first_line}; its report is in {log_path}")
+    return 1
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def write_failure_log(args: list[str], status: Path, torchrun_log: Path) -> Path:
+    """The workers' tracebacks and torchrun's log, in output_dir/logs (or the temp folder, failing that)."""
+    crashes = [outcome for outcome in read_outcomes(status) if outcome.kind == CRASH]
+    sections = [f"# {' '.join(args)}\n"]
+    for crash in crashes:
+        sections.append(f"\n## rank {crash.rank} (pid {crash.pid}, attempt {crash.attempt})\n{crash.detail}")
+    if torchrun_log.exists():
+        sections.append(f"\n## torchrun's log\n{torchrun_log.read_text(encoding='utf-8', errors='replace')}")
+    name = f"failure-{time.strftime('%Y%m%d-%H%M%S')}-{socket.gethostname()}.log"
+    try:
+        folder = Path(output_dir(args)) / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
+        path.write_text("".join(sections), encoding="utf-8")
+    except (OSError, ConfigError):
+        descriptor, raw = tempfile.mkstemp(prefix=f"{PACKAGE}-", suffix=f"-{name}")
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write("".join(sections))
+        path = Path(raw)
+    return path
+
+
+def output_dir(args: list[str]) -> str:
+    """The run's output_dir, from the overrides after ``-m <package>``."""
+    overrides = args[args.index("-m") + 2 :] if "-m" in args else []
+    return load_config(overrides).output_dir
+
+
+def _log_to(path: Path) -> None:
+    """Every log record of this process into ``path``: the root logger's, and those of torch's loggers that
+    write to stderr themselves."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    loggers = [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]
+    for logger in loggers:
+        if isinstance(logger, logging.Logger) and (logger is loggers[0] or _to_stderr(logger)):
+            logger.handlers[:] = [handler]
+    logging.getLogger().setLevel(logging.INFO)
+    logging.captureWarnings(True)
+
+
+def _to_stderr(logger: logging.Logger) -> bool:
+    return any(getattr(handler, "stream", None) is sys.stderr for handler in logger.handlers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

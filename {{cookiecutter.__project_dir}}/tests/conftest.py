@@ -60,6 +60,12 @@ ON_THIS_MACHINE = _on_this_machine()
 NO_ADAPTER_DROPOUT = ["lora.dropout=0"] if load_config([]).lora is not None else []
 
 
+# Every worker these tests start computes with one thread (launch_env), and so does this process: a
+# result compared bitwise with a worker's must come from the same float sums, and the order of a sum
+# depends on how many threads share it, whatever OMP_NUM_THREADS the user's shell has.
+WORKER_THREADS = 1
+
+
 def launch_env(nproc: int, **extra: str) -> dict[str, str]:
     """Environment for ``launch.sh``: this interpreter's torchrun first on PATH, the package importable."""
     env = dict(os.environ)
@@ -67,7 +73,7 @@ def launch_env(nproc: int, **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = f"{PROJECT / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}"
     env["NPROC_PER_NODE"] = str(nproc)
     env["NNODES"] = "1"  # one machine, whatever num_nodes the project was rendered with
-    env["OMP_NUM_THREADS"] = "1"
+    env["OMP_NUM_THREADS"] = str(WORKER_THREADS)
     env.update(extra)
     return env
 
@@ -125,6 +131,15 @@ def assert_resumed_from(checkpoint: Path, stderr: str) -> None:
 def read_metrics(output_dir: Path) -> list[dict]:
     lines = (output_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def threads_of_the_workers() -> Iterator[None]:
+    """The in-process references of the tests sum as the launched workers do (see WORKER_THREADS)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(WORKER_THREADS)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -32,6 +32,10 @@ DEFAULT_PRETRAINED = {
     "image-classification": "google/vit-base-patch16-224-in21k",
     "custom": "",
 }
+# A 60-character project name (argparse wraps a usage line after a long program name). The renders
+# whose suites run under it do so in a shell without OMP_NUM_THREADS (torch then takes every core):
+# users have both, and a generated suite must depend on neither.
+LONG_NAME = "Multilingual Sentiment and Topic Classifiers Fine-Tuning Lab"
 # Context entries that describe the machine or cookiecutter itself; they must not be recorded.
 UNRECORDED_KEYS = {"_output_dir", "_repo_dir", "_checkout", "_commit", "_extensions", "__prompts__"}
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from template_helpers import MODEL_TYPES, VENV_BIN, describe, run, run_generated_suite
+from template_helpers import LONG_NAME, MODEL_TYPES, VENV_BIN, describe, run, run_generated_suite
 
 pytestmark = pytest.mark.slow
 
@@ -70,22 +70,21 @@ def test_generated_project_passes_its_own_test_suite(bake_ok, model_type):
     assert test_file.is_file(), f"the {model_type} project ships no {test_file.name}"
 
     selection = ["-x", "-m", SUITE_SELECTION[model_type]]
-    proc = run_generated_suite(project.path, selection, project_env(project.path))
+    # The longest of these suites takes 8 to 15 minutes on 2 busy cores; the limit only catches a hang.
+    proc = run_generated_suite(project.path, selection, project_env(project.path), timeout=2400)
     assert proc.returncode == 0, describe(proc)
     assert " passed" in proc.stdout, describe(proc)
 
 
 # finetune=lora changes the project's defaults, not its code: a lora render of these types runs the fast
 # tier of its suite (test_lora.py's in-process proofs among them) and its demo through launch.sh. The
-# LoRA proofs under torchrun run in FULL_SUITE_MODEL_TYPE's suite, through lora.* overrides.
+# LoRA proofs under torchrun run in FULL_SUITE_MODEL_TYPE's suite, through lora.* overrides. The
+# text-classification lora render's fast tier runs on a GPU render (test_generated_gpu_project.py), which
+# shares it; causal-lm's runs here.
 LORA_MODEL_TYPES = ("text-classification", "causal-lm")
-# These renders carry a 60-character name (argparse wraps a usage line after a long program name) and
-# run in a shell without OMP_NUM_THREADS (torch then takes every core): users have both, and the suite
-# must depend on neither.
-LONG_NAME = "Multilingual Sentiment and Topic Classifiers Fine-Tuning Lab"
 
 
-@pytest.mark.parametrize("model_type", LORA_MODEL_TYPES)
+@pytest.mark.parametrize("model_type", ["causal-lm"])
 def test_lora_project_passes_its_fast_tests(bake_ok, model_type):
     project = bake_ok(model_type=model_type, finetune="lora", project_name=LONG_NAME, **CPU_ANSWERS)
     assert len(project.package) == len(LONG_NAME) == 60

@@ -19,7 +19,11 @@ from {{ cookiecutter.package_name }}.data.loader import (
 from {{ cookiecutter.package_name }}.data.sampling import (
     EvalBatches,
 )
-from {{ cookiecutter.package_name }}.model_type import task
+from {{ cookiecutter.package_name }}.model_type import (
+    packing,
+    recipe,
+    task,
+)
 from {{ cookiecutter.package_name }}.parallel.process_group import (
     DistEnv,
 )
@@ -50,11 +54,11 @@ def _config(demo, tmp_path: Path, train: list[object] | None = None, val: list[o
 
 
 def test_blocks_overlap_by_one_so_every_token_is_a_target_once() -> None:
-    assert task.block_count(20, size=6, keep_partial=True) == 4  # 0-5, 5-10, 10-15, 15-19
-    assert task.block_count(20, size=6, keep_partial=False) == 3
-    assert task.block_count(16, size=6, keep_partial=True) == 3  # 0-5, 5-10, 10-15
-    assert task.block_count(5, size=6, keep_partial=False) == 0
-    assert task.block_count(1, size=6, keep_partial=True) == 0
+    assert packing.block_count(20, size=6, keep_partial=True) == 4  # 0-5, 5-10, 10-15, 15-19
+    assert packing.block_count(20, size=6, keep_partial=False) == 3
+    assert packing.block_count(16, size=6, keep_partial=True) == 3  # 0-5, 5-10, 10-15
+    assert packing.block_count(5, size=6, keep_partial=False) == 0
+    assert packing.block_count(1, size=6, keep_partial=True) == 0
 
 
 def _cut_whole_stream(texts: list[str], tokenizer, size: int, keep_partial: bool) -> list[list[int]]:
@@ -72,7 +76,7 @@ def _cut_whole_stream(texts: list[str], tokenizer, size: int, keep_partial: bool
 def test_packing_in_batches_and_processes_equals_cutting_the_whole_stream(
     demo, tmp_path: Path, monkeypatch, processes: int
 ) -> None:
-    monkeypatch.setattr(task, "PACK_BATCH", 3)  # many batches, blocks spanning documents and batches
+    monkeypatch.setattr(recipe, "PACK_BATCH", 3)  # many batches, blocks spanning documents and batches
     config = _config(demo, tmp_path, None, None, f"data.preprocessing_processes={processes}")
     data = task.build_data(config, ENV)
     for split, dataset, keep_partial in (("train", data.train, False), ("val", data.val, True)):
@@ -92,8 +96,8 @@ def test_tokenizer_without_pad_token_pads_with_end_of_text(demo, tmp_path: Path)
 
 
 def test_block_size_is_capped_by_the_model_context(demo, tmp_path: Path) -> None:
-    assert task.block_size(_config(demo, tmp_path, None, None, "data.max_length=100000")) == 128
-    assert task.block_size(_config(demo, tmp_path)) == 16
+    assert recipe.block_size(_config(demo, tmp_path, None, None, "data.max_length=100000")) == 128
+    assert recipe.block_size(_config(demo, tmp_path)) == 16
 
 
 def test_documents_are_separated_by_end_of_text(demo, tmp_path: Path) -> None:

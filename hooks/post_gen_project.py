@@ -20,7 +20,15 @@ README_SECTIONS = "readme"
 # Each cluster answer owns whole files (folders included), removed when the answer is no.
 CLUSTER_FILES = {
     "slurm": ["slurm", "tests/test_slurm.py"],
-    "kubernetes": ["k8s", "Dockerfile", ".dockerignore", "tests/test_kubernetes.py"],
+    "kubernetes": [
+        "k8s",
+        "Dockerfile",
+        ".dockerignore",
+        "tests/kubernetes_files.py",
+        "tests/test_kubernetes.py",
+        "tests/test_trainjob.py",
+        "tests/test_dockerfile.py",
+    ],
 }
 # Files that exist only with a tracker, removed when the tracker answer is none.
 TRACKER_FILES = ["tests/test_tracker.py"]
@@ -101,7 +109,7 @@ def next_steps(project: Path) -> list[tuple[str, str]]:
     if ANSWERS["slurm"]:
         steps.append(("sbatch slurm/train.sbatch [key=value ...]", "on a SLURM cluster, see README"))
     if ANSWERS["kubernetes"]:
-        steps.append(("kubectl apply -f k8s/pytorchjob.yaml", "on Kubernetes, see README"))
+        steps.append(("kubectl apply -f k8s/trainjob.yaml", "on Kubeflow Trainer v2, see README"))
     return steps
 
 

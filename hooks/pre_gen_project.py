@@ -53,9 +53,12 @@ DEPENDENCY_NAMES = frozenset(
     typing_extensions typing_inspection tzdata urllib3 uvicorn wandb werkzeug xxhash yaml zipp
     """.split()  # noqa: SIM905 (a block of words reads better than quoted strings)
 )
-# The PyTorchJob's name (__kubernetes_name: the slug in lower case, '-' for '_', cut to 48 characters)
-# must be a DNS-1035 label: the operator names pods and services <name>-worker-<index>, at most 63 long.
+# The jobs' name (__kubernetes_name: the slug in lower case, '-' for '_', cut to 48 characters) must be a
+# DNS-1035 label: the v1 operator names pods and services <name>-worker-<index>, at most 63 long.
 KUBERNETES_NAME = re.compile(r"[a-z]([-a-z0-9]{0,46}[a-z0-9])?")
+# JobSet, under a Trainer v2 TrainJob, refuses a job whose longest pod name,
+# <name>-node-0-<last node index>-<5 random characters>, is over 63 characters.
+TRAINJOB_POD_NAME = "{name}-node-0-{last}-abcde"
 
 
 class Refusal(Exception):
@@ -154,6 +157,13 @@ def validate():
             f"kubernetes=yes names the job {name!r} after project_slug={slug!r}, which is not a valid "
             "Kubernetes name; set project_slug to start with a letter"
         )
+    pod_name = TRAINJOB_POD_NAME.format(name=name, last=nodes - 1)
+    if kubernetes and len(pod_name) > 63:
+        raise Refusal(
+            f"kubernetes=yes with num_nodes={nodes} names the TrainJob's last pod {pod_name!r}, "
+            f"{len(pod_name)} characters, over Kubernetes' 63; shorten project_slug to at most "
+            f"{len(name) - (len(pod_name) - 63)} characters"
+        )
     backend, precision = ANSWERS["backend"], ANSWERS["precision"]
     if gpus == 0 and backend == "nccl":
         raise Refusal("backend=nccl needs GPUs but gpus_per_node=0; choose backend=gloo for CPU training")
@@ -196,7 +206,7 @@ def multi_node_note(nodes):
         "  same first-node address, port and run id:\n"
         f"    NNODES={nodes} NODE_RANK=<0..{nodes - 1}> MASTER_ADDR=<first node> MASTER_PORT=29500 "
         "RUN_ID=<job id> ./launch.sh [key=value ...]\n"
-        "  or render again with slurm=yes (an sbatch script) or kubernetes=yes (a PyTorchJob)."
+        "  or render again with slurm=yes (an sbatch script) or kubernetes=yes (a Kubeflow TrainJob)."
     )
 
 

@@ -124,11 +124,15 @@ def model_type_files(model_type: str) -> list[str]:
 CLUSTER_FILES = {
     "slurm": ["slurm/train.sbatch", "tests/test_slurm.py"],
     "kubernetes": [
+        "k8s/trainjob.yaml",
         "k8s/pytorchjob.yaml",
         "k8s/storage.yaml",
         "Dockerfile",
         ".dockerignore",
+        "tests/kubernetes_files.py",
         "tests/test_kubernetes.py",
+        "tests/test_trainjob.py",
+        "tests/test_dockerfile.py",
     ],
 }
 

@@ -42,6 +42,11 @@ KEYS = ("slurm", "kubernetes", "gpus_per_node", "num_nodes", "backend", "precisi
 SLURM_CASES = [case for case in CLUSTER_CASES if case[0] == "yes"]
 KUBERNETES_CASES = [case for case in CLUSTER_CASES if case[1] == "yes"]
 WITH_CLUSTER_FILES = [case for case in CLUSTER_CASES if "yes" in case[:2]]
+# The generated project's tests of each cluster answer's files.
+GENERATED_CLUSTER_TESTS = {
+    "slurm": ["test_slurm.py"],
+    "kubernetes": ["test_kubernetes.py", "test_trainjob.py", "test_dockerfile.py"],
+}
 
 
 def case_id(case: tuple[str, ...]) -> str:
@@ -141,6 +146,25 @@ def test_pytorchjob_carries_the_answers(render, case):
 
 
 @pytest.mark.parametrize("case", KUBERNETES_CASES, ids=case_id)
+def test_trainjob_carries_the_answers(render, case):
+    answers, _, project = render(case)
+    job = yaml.safe_load((project.path / "k8s" / "trainjob.yaml").read_text(encoding="utf-8"))
+    gpus, nodes = int(answers["gpus_per_node"]), int(answers["num_nodes"])
+    trainer = job["spec"]["trainer"]
+
+    assert (job["apiVersion"], job["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
+    assert job["metadata"]["name"] == "ddp-fine-tuning"
+    assert job["spec"]["runtimeRef"]["name"] == "torch-distributed"
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (nodes, gpus or 1)
+    assert trainer["resourcesPerNode"].get("limits", {}).get("nvidia.com/gpu") == (gpus or None)
+    assert trainer["command"] == ["/workspace/project/launch.sh"]
+    assert "output_dir=/shared/outputs/ddp-fine-tuning" in trainer["args"]
+    readme = (project.path / "README.md").read_text(encoding="utf-8")
+    assert "kubectl apply -f k8s/trainjob.yaml" in readme and "kubectl api-resources" in readme
+    assert "kubectl delete trainjob ddp-fine-tuning" in readme  # spec.trainer is immutable
+
+
+@pytest.mark.parametrize("case", KUBERNETES_CASES, ids=case_id)
 def test_dockerfile_builds_the_project_image(render, case):
     answers, _, project = render(case)
     lines = (project.path / "Dockerfile").read_text(encoding="utf-8").splitlines()
@@ -173,6 +197,7 @@ def test_readme_documents_the_chosen_clusters_only(rendered):
     kubernetes_commands = [
         'docker build -t "$IMAGE" . && docker push "$IMAGE"',
         "kubectl apply -f k8s/storage.yaml",
+        "kubectl apply -f k8s/trainjob.yaml",
         "kubectl apply -f k8s/pytorchjob.yaml",
         "kubectl logs -f ddp-fine-tuning-master-0",
     ]
@@ -185,7 +210,9 @@ def test_readme_documents_the_chosen_clusters_only(rendered):
 def test_generated_cluster_tests_pass(render, case):
     """The project's own checks of its cluster files (fake srun, scontrol and torchrun; the manifests)."""
     _, flags, project = render(case)
-    tests = ["tests/test_launch_script.py"] + [f"tests/test_{name}.py" for name, on in flags.items() if on]
+    tests = ["tests/test_launch_script.py"] + [
+        f"tests/{test}" for name, on in flags.items() if on for test in GENERATED_CLUSTER_TESTS[name]
+    ]
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_")}
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"  # shellcheck, and this interpreter's tools
     env["PYTHONPATH"] = str(project.path / "src")

@@ -80,9 +80,11 @@ INVALID_ANSWERS = [
     ({"slurm": 1}, "slurm='1'"),
     ({"slurm": 0}, "slurm='0'"),
     ({"kubernetes": None}, "kubernetes=None"),
-    # A PyTorchJob's name must start with a letter; it is the slug, lower-cased.
+    # A Kubernetes job's name must start with a letter; it is the slug, lower-cased.
     ({"project_slug": "_1st-try", "kubernetes": "yes"}, "kubernetes=yes"),
     ({"project_slug": "__", "kubernetes": "yes"}, "kubernetes=yes"),
+    # A TrainJob's pods are <name>-node-0-<index>-<5 characters>: 48 characters and index 10 make 64.
+    ({"project_slug": "x" * 48, "kubernetes": "yes", "num_nodes": "11"}, "project_slug to at most 47"),
     *IMPOSSIBLE_COMBINATIONS,
     # The project folder is the slug with '/' made '_' (__project_dir): cookiecutter creates it before
     # the hook runs and removes it on a refusal; a path such as a/b would leave a/ behind.

@@ -151,6 +151,11 @@ fi
 # (NPROC_PER_NODE) or OMP_NUM_THREADS=cores/processes may be faster.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
+# torch's C++ warnings off by default: when a node is lost, its store and gloo clients retry with a
+# warning and a stack of 30 frames every few seconds until the project's one line names the node. Set
+# TORCH_CPP_LOG_LEVEL=WARNING (or INFO) to see them.
+export TORCH_CPP_LOG_LEVEL="${TORCH_CPP_LOG_LEVEL:-ERROR}"
+
 # glibc's malloc maps (and unmaps) every block over 128 KiB from the kernel until some large block is freed,
 # which then raises that bar; until then each step pays page faults for its activations, 10% of a small
 # model's step on CPU. Start where its own heuristic ends (32 MiB, trimming past 64 MiB) unless the

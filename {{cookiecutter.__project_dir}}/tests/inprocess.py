@@ -33,7 +33,8 @@ class StopAfter(PreemptionWatch):
         super().__init__()
         self.steps_left = steps
 
-    def agreed(self) -> bool:
+    def agreed(self, checkpoint_due: bool = False) -> bool:
+        self.checkpoint_due = checkpoint_due  # one process: its vote is the agreement
         self.steps_left -= 1
         if self.steps_left == 0:
             self.received = "SIGTERM"

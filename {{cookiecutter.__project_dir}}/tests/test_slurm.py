@@ -1,7 +1,7 @@
 """slurm/train.sbatch: the #SBATCH lines carry the answers, and the script, run with SLURM's variables and
 fake ``srun`` / ``scontrol`` (and launch.sh's ``python`` faked as in test_launch_script.py), starts
 launch.sh once per node with the right torchrun command line, passes the time-limit SIGUSR1 on to srun,
-and requeues the job after a preemption stop (exit 75) only."""
+and requeues the job after a preemption stop (exit 75 on some node, none failing on its own) only."""
 
 from __future__ import annotations
 
@@ -28,7 +28,9 @@ HOSTS = [f"gpu{index:03d}" for index in range(1, RENDERED_NODES + 1)]
 SHELLCHECK = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
 
 # srun records its options and runs the command once per node with that node's SLURM_NODEID; FAKE_SRUN
-# makes it exit with a code instead, or wait for SIGUSR1 and exit 75 as launch.sh does after a checkpoint.
+# makes it exit with a code instead, or wait for SIGUSR1 and exit 75 as launch.sh does after a checkpoint,
+# or ("nodes") run each node's task with launch.sh ending as FAKE_NODE_EXITS says (a code, or "-" for a
+# node that vanished with its host) and then exit FAKE_SRUN_EXIT, the highest code, as srun reports it.
 FAKE_SRUN = r"""#!/usr/bin/env bash
 printf '%s\n' "$@" > "$FAKE_LOG/srun-args"
 while [[ "$1" == -* ]]; do shift; done
@@ -40,6 +42,13 @@ case "${FAKE_SRUN:-run}" in
         touch "$FAKE_LOG/srun-started"
         wait
         exit 1 ;;
+    nodes)
+        node=0
+        for code in $FAKE_NODE_EXITS; do
+            [[ "$code" == - ]] || SLURM_NODEID=$node FAKE_LAUNCH_EXIT=$code "$@" > "$FAKE_LOG/node$node" 2>&1
+            node=$((node + 1))
+        done
+        exit "$FAKE_SRUN_EXIT" ;;
 esac
 for ((node = 0; node < SLURM_JOB_NUM_NODES; node++)); do
     SLURM_NODEID=$node "$@" > "$FAKE_LOG/node$node" 2>&1 || exit $?
@@ -52,8 +61,10 @@ else
     echo "$*" >> "$FAKE_LOG/scontrol"
 fi
 """
-# The config pre-check passes; the launcher prints torchrun's arguments.
-FAKE_PYTHON = '#!/usr/bin/env bash\nif [[ "$2" == *.launcher ]]; then shift 2; printf "%s\\n" "$@"; fi\n'
+# The config pre-check passes; the launcher prints torchrun's arguments and exits FAKE_LAUNCH_EXIT (0).
+FAKE_PYTHON = """#!/usr/bin/env bash
+if [[ "$2" == *.launcher ]]; then shift 2; printf "%s\\n" "$@"; exit "${FAKE_LAUNCH_EXIT:-0}"; fi
+"""
 
 
 @pytest.fixture
@@ -81,8 +92,8 @@ def slurm_env(fakes: Path, **extra: str) -> dict[str, str]:
         SLURM_JOB_NUM_NODES=str(RENDERED_NODES),
         SLURM_CPUS_PER_TASK=OPTIONS["cpus-per-task"],
         SLURM_SUBMIT_DIR=str(PROJECT),
-        **extra,
     )
+    env.update(extra)
     return env
 
 
@@ -141,6 +152,29 @@ def test_requeues_only_after_a_preemption_stop(slurm: Path, code: int, requeued:
     log = slurm / "log" / "scontrol"
     calls = log.read_text().splitlines() if log.exists() else []
     assert calls == ([f"requeue {JOB_ID}"] if requeued else [])
+
+
+@pytest.mark.parametrize(
+    ("node_exits", "srun_exit", "requeued"),
+    [
+        ("75 -", 137, True),  # node 1 vanished; node 0 saw it lost and stopped: srun reports the lost one
+        ("75 75", 75, True),
+        ("0 75", 75, True),
+        ("75 1", 75, False),  # node 1 failed on its own: the same error would come back
+        ("1 -", 137, False),
+    ],
+)
+def test_requeues_when_any_node_stopped_and_none_failed(
+    slurm: Path, node_exits: str, srun_exit: int, requeued: bool
+) -> None:
+    extra = {"FAKE_NODE_EXITS": node_exits, "FAKE_SRUN_EXIT": str(srun_exit), "SLURM_JOB_NUM_NODES": "2"}
+    result = sbatch(slurm, FAKE_SRUN="nodes", **extra)
+    assert result.returncode == (75 if requeued else srun_exit), result.stderr
+    log = slurm / "log" / "scontrol"
+    calls = log.read_text().splitlines() if log.exists() else []
+    assert calls == ([f"requeue {JOB_ID}"] if requeued else [])
+    ran = [node for node, code in enumerate(node_exits.split()) if code != "-"]
+    assert all((slurm / "log" / f"node{node}").exists() for node in ran)
 
 
 def test_time_limit_signal_reaches_srun_and_requeues(slurm: Path) -> None:

@@ -14,12 +14,14 @@ from .data.loader import DataError
 from .launch.errors import os_error_message, report_crash, report_error
 from .launch.lock import OutputDirBusy, OutputDirLock
 from .launch.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
-from .launch.status import FINISHED, PREEMPTED, tell_launcher
+from .launch.status import FINISHED, PREEMPTED, status_dir, tell_launcher
 from .loop.trainer import Trainer
 from .model_type.task import TASK
 from .observe.log import log, setup_logging
-from .parallel.checkpoint import CheckpointError
+from .parallel import liveness
+from .parallel.checkpoint import CheckpointError, describe_newest
 from .parallel.process_group import DistEnv, broadcast_object, distributed, launched_by_torchrun
+from .parallel.shared_storage import require_shared_output_dir
 
 # Errors whose message is the whole report: the user's to fix, no traceback.
 USER_ERRORS = (ConfigError, DataError, CheckpointError)
@@ -31,6 +33,13 @@ def run(config: Config) -> int:
         preemption = PreemptionWatch()
         with distributed(config.distributed) as env:
             setup_logging(env, config.log_level)
+            checkpoints = Path(config.output_dir) / "checkpoints"
+            liveness.start(
+                config.distributed.node_timeout_s,
+                describe_checkpoint=lambda: describe_newest(checkpoints),
+                status=status_dir(),
+                tell=lambda message: tell_launcher(PREEMPTED, message),
+            )
             return train_and_report(config, env, preemption)
     except Exception as error:  # before the process group exists: no peer can fail because of it
         return report(error)
@@ -42,13 +51,19 @@ def train_and_report(config: Config, env: DistEnv, preemption: PreemptionWatch) 
     before the reports of the ranks that failed because of it."""
     try:
         with holding_output_dir(Path(config.output_dir), env):
+            require_shared_output_dir(Path(config.output_dir), env)
             Trainer(config, TASK, env, preemption).fit()
     except Preempted as stop:
+        liveness.stop()
         if not tell_launcher(PREEMPTED, f"{stop}; run the same command to resume"):
             log.info(f"preempted: {stop}; run the same command again to resume")
         return 0 if launched_by_torchrun() else PREEMPTED_EXIT_CODE
     except Exception as error:
+        if not isinstance(error, USER_ERRORS):
+            liveness.await_verdict()  # a collective that failed for a lost node: that ends here, with 75
+        liveness.stop()
         return report(error)
+    liveness.stop()
     tell_launcher(FINISHED)
     return 0
 

@@ -167,6 +167,9 @@ class EvalConfig:
 class CheckpointConfig:
     every_steps: int = 500
     """Steps between checkpoints (one is also saved per epoch end); 0 = epoch ends only."""
+    every_minutes: float = 0.0
+    """Wall-clock minutes between checkpoints, beside every_steps (whichever comes first); 0 = off.
+    Every rank saves after the same step: the first rank whose clock says so decides for all."""
     keep_last: int = 3
     """Checkpoints kept on disk; older ones are deleted."""
     start_over: bool = False
@@ -178,6 +181,7 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         require(self.every_steps >= 0, "checkpoint.every_steps", "must be >= 0")
+        require(self.every_minutes >= 0, "checkpoint.every_minutes", "must be >= 0")
         require(self.keep_last >= 1, "checkpoint.keep_last", "must be >= 1")
 
 
@@ -189,6 +193,9 @@ class DistributedConfig:
     """`cuda`: one GPU per process, chosen by LOCAL_RANK; `cpu`: no GPU."""
     timeout_s: int = 1800
     """A collective that waits longer ends the job instead of hanging it."""
+    node_timeout_s: int = 30
+    """A node silent this long (killed, frozen, cut off) is lost: every other node ends within about
+    twice this, with exit 75 and one line naming it. Liveness, not progress: a slow node is not lost."""
     strategy: Strategy = Strategy.ddp
     """`ddp`: a full replica per process; `fsdp2`: parameters, gradients and optimizer state sharded
     over the processes (FSDP2 `fully_shard`), for models that do not fit one GPU."""
@@ -204,6 +211,7 @@ class DistributedConfig:
 
     def __post_init__(self) -> None:
         require(self.timeout_s >= 1, "distributed.timeout_s", "must be >= 1")
+        require(self.node_timeout_s >= 2, "distributed.node_timeout_s", "must be >= 2")
         require(
             not (self.backend is Backend.nccl and self.device is Device.cpu),
             "distributed.backend",

@@ -1,7 +1,7 @@
 """torchrun for launch.sh, run in this process: the user sees the project's lines, never torchrun's report.
 
 launch.sh runs ``python -m <package>.launcher <torchrun arguments>``: torchrun's own ``main`` with the same
-arguments, and three differences.
+arguments, and four differences.
 
 - The terminal. torchrun's log and its report of a failed worker (35-40 lines, more with restarts) go to a
   file. Once torchrun returns, every worker of this node has exited and left its outcome
@@ -11,6 +11,8 @@ arguments, and three differences.
   kill them 30 s later and exit 1, never run. The workers act on the signal (launch.sh passes it on as a
   stop request), save a checkpoint and exit, and torchrun sees a clean end. The workers inherit the
   block and lift it once their own handlers are in place: a signal that comes while they start waits.
+- Addresses. In a multi-node job, torchrun and gloo get the address that routes to MASTER_ADDR, not the
+  one the host name resolves to (launch/node_address.py).
 - Lifetimes. This process dies with launch.sh, and the workers with this process (launch/lifeline.py).
 
 The exit code is launch.sh's: 0 finished, 75 stopped after a checkpoint (on every node: each worker
@@ -25,23 +27,36 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from ..config import ConfigError, load_config
 from ..config.constants import PACKAGE
+from ..parallel.checkpoint import describe_newest
+from ..parallel.environment import LIVENESS_STATE_FILE, LOST_NODE_FILE
 from .lifeline import PARENT_PID_ENV, tie_to_parent
+from .node_address import NodeAddressError, with_node_address
 from .preemption import PREEMPTED_EXIT_CODE
 from .status import CRASH, PREEMPTED, STATUS_DIR_ENV, USER_ERROR, Outcome, read_outcomes
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# After a lost node's verdict, the time torchrun has to return before this process ends on its own: its
+# shutdown may wait on a rendezvous host that is gone.
+LOST_NODE_GRACE_S = 5.0
+concluded = threading.Lock()
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     tie_to_parent()
+    try:
+        args = with_node_address(args)
+    except NodeAddressError as error:
+        say(str(error))
+        return 1
     status = Path(os.environ.get(STATUS_DIR_ENV) or tempfile.mkdtemp(prefix="launch-status-"))
     os.environ[STATUS_DIR_ENV] = str(status)
     os.environ[PARENT_PID_ENV] = str(os.getpid())
@@ -49,13 +64,52 @@ def main(argv: list[str] | None = None) -> int:
 
     torchrun_log = status / "torchrun.log"
     _log_to(torchrun_log)  # after importing torch, which sets up loggers of its own
+    threading.Thread(target=end_when_a_node_is_lost, args=(status,), name="lost-node", daemon=True).start()
     failure = None
     try:
         torchrun(args)
     except Exception as error:  # a worker failed (ChildFailedError), the rendezvous failed, ...
         failure = error
         logging.getLogger(__name__).error(f"torchrun failed:\n{error}", exc_info=error)
-    return conclude(read_outcomes(status), failure, lambda: write_failure_log(args, status, torchrun_log))
+    if lost_rendezvous_host(failure, status):
+        failure = LostNode(lost_rendezvous_host_message(args))
+    with concluded:
+        return conclude(read_outcomes(status), failure, lambda: write_failure_log(args, status, torchrun_log))
+
+
+class LostNode(Exception):
+    """torchrun lost the rendezvous host while the workers trained."""
+
+
+def lost_rendezvous_host(failure: Exception | None, status: Path) -> bool:
+    """torchrun's own link to the rendezvous host broke after the nodes had formed the job (their watch of
+    lost nodes had started): the host is gone, before the workers' own verdict came."""
+    broken_link = type(failure).__name__ in ("RendezvousConnectionError", "DistStoreError")
+    return broken_link and (status / LIVENESS_STATE_FILE).exists()
+
+
+def lost_rendezvous_host_message(args: list[str]) -> str:
+    endpoint = next((arg.split("=", 1)[1] for arg in args if arg.startswith("--rdzv-endpoint=")), "?")
+    try:
+        newest = describe_newest(Path(output_dir(args)) / "checkpoints")
+    except ConfigError:
+        newest = "the newest complete checkpoint is in output_dir"
+    return (
+        f"node 0 ({endpoint.rsplit(':', 1)[0]}) was lost: the rendezvous store on it stopped answering "
+        f"(killed, frozen or cut off); {newest}; run the same command again on every node to resume"
+    )
+
+
+def end_when_a_node_is_lost(status: Path) -> None:
+    """A lost node ends this node in a bounded time, whatever torchrun waits on (its workers die with
+    this process)."""
+    lost = status / LOST_NODE_FILE
+    while not lost.exists():
+        time.sleep(0.5)
+    time.sleep(LOST_NODE_GRACE_S)  # main() normally concludes in this time
+    if concluded.acquire(blocking=False):
+        say(f"launch.sh: {lost.read_text(encoding='utf-8')}")
+        os._exit(PREEMPTED_EXIT_CODE)
 
 
 def conclude(outcomes: list[Outcome], failure: Exception | None, failure_log: Callable[[], Path]) -> int:
@@ -68,6 +122,9 @@ def conclude(outcomes: list[Outcome], failure: Exception | None, failure_log: Ca
     stops = [outcome for outcome in this_attempt if outcome.kind == PREEMPTED]
     if stops:  # the checkpoint is on disk, whatever happened after it
         say(f"launch.sh: {stops[0].message}")
+        return PREEMPTED_EXIT_CODE
+    if isinstance(failure, LostNode):
+        say(f"launch.sh: {failure}")
         return PREEMPTED_EXIT_CODE
     if failure is None:
         return 0

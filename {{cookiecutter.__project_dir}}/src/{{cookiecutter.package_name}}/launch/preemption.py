@@ -7,6 +7,9 @@ step the ranks OR their flags together, so they all stop after the same step eve
 reaches them at different moments; then they save one checkpoint and exit. Running the same command
 again resumes from it. The vote of one step travels while the next step computes and is read after it:
 the stop comes one step later, and no step waits.
+
+The same vote carries each rank's "a checkpoint is due" (``checkpoint.every_minutes``, by its own clock),
+so the ranks also agree on the step of a timed checkpoint without a collective of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ class PreemptionWatch:
 
     def __init__(self) -> None:
         self.received: str | None = None
-        self.vote = torch.zeros(1, dtype=torch.int32)
+        self.vote = torch.zeros(2, dtype=torch.int32)  # [stop, checkpoint due]
+        self.checkpoint_due = False  # the ranks' agreement, as of the last agreed()
         self.vote_in_flight: torch.distributed.Work | None = None
         for number in SIGNALS:
             signal.signal(number, self._record)
@@ -52,18 +56,22 @@ class PreemptionWatch:
             raise KeyboardInterrupt
         self.received = signal.Signals(number).name
 
-    def agreed(self) -> bool:
+    def agreed(self, checkpoint_due: bool = False) -> bool:
         """True on every rank, at the same step, once a rank received a signal before the previous call.
 
+        `checkpoint_due` is this rank's vote for a timed checkpoint; ``self.checkpoint_due`` then says,
+        equally on every rank, whether some rank voted so at the previous call.
         A collective: call it on all ranks after every step, and ``settle()`` once the loop ends.
         """
         if self.vote_in_flight is not None:
             self.vote_in_flight.wait()  # sent a step ago: long done
             self.vote_in_flight = None
-        decided = bool(self.vote.item())
+        decided, self.checkpoint_due = bool(self.vote[0].item()), bool(self.vote[1].item())
         if not decided:
             self.received = self.received or stop_requested()
-            self.vote = torch.tensor([1 if self.received else 0], dtype=torch.int32)
+            # A checkpoint agreed on now is saved before the next vote: no rank asks for it again.
+            due = checkpoint_due and not self.checkpoint_due
+            self.vote = torch.tensor([1 if self.received else 0, int(due)], dtype=torch.int32)
             self.vote_in_flight = start_all_reduce_max_cpu(self.vote)
         return decided
 

@@ -27,6 +27,7 @@ from ..parallel.rng import seed_everything
 from ..parallel.strategy import build_parallel
 from ..task.lora import save_final
 from ..task.spec import Task, count_samples, dataset_size
+from .checkpoint_clock import CheckpointClock
 from .evaluation import evaluate
 from .generations import SampleWriter
 from .longest_batch import try_longest_batch
@@ -56,9 +57,9 @@ class Trainer:
             model = task.build_model(config, self.data)
         self.parallel = build_parallel(config.distributed, env, self.precision)
         self.state = build_training_state(model, config, env, self.plan.total_steps, self.parallel)
-        layout = self.parallel.checkpoint_layout(config.checkpoint)
-        checkpoints = self.output_dir / "checkpoints"
-        self.checkpointer = Checkpointer(checkpoints, env, config.checkpoint.keep_last, layout)
+        layout, keep_last = self.parallel.checkpoint_layout(config.checkpoint), config.checkpoint.keep_last
+        self.checkpointer = Checkpointer(self.output_dir / "checkpoints", env, keep_last, layout)
+        self.clock = CheckpointClock(config.checkpoint.every_minutes)
         resumed = self.checkpointer.load_latest(self.state, config.seed)
         if not resumed:
             seed_everything(config.seed + env.rank)  # dropout etc. differ by rank, as they should
@@ -161,13 +162,16 @@ class Trainer:
             progress.epoch_samples += window_samples * self.env.world_size
             self.bar.update(1)
             self.after_step(loss, epoch_done=remaining_samples == 0)
-            if self.preemption.agreed():
+            if self.preemption.agreed(checkpoint_due=self.clock.due()):
                 self.save_checkpoint()
                 # No rank exits before the checkpoint is on disk: schedulers stop a whole job when its
                 # first node exits (srun --kill-on-bad-exit, a PyTorchJob restarting its pods).
                 self.checkpointer.wait()
                 barrier()
                 raise Preempted(self.preemption.signal_name(), progress.step)
+            if self.preemption.checkpoint_due and self.clock.saved_step != progress.step:
+                with self.throughput.paused():
+                    self.save_checkpoint()
 
     def optimizer_step(self, batches: Iterator, window_samples: int) -> torch.Tensor:
         """One optimizer step over the micro-batches holding this rank's ``window_samples`` samples.
@@ -239,6 +243,7 @@ class Trainer:
         self.nonfinite.check()
         sync_state_buffers(self.state.model, self.env.world_size)
         self.checkpointer.save(self.state, self.config.to_yaml())
+        self.clock.saved(self.state.progress.step)
 
     def log_training(self, loss: torch.Tensor) -> None:
         """The only host synchronisation of the loop: every ``train.log_every_steps`` steps, one all-reduce

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..parallel import liveness
 from ..parallel.process_group import DistEnv
 from .log import log
 from .trackers import NoTracker, Tracker, is_evaluation
@@ -73,6 +74,7 @@ class MetricsWriter:
         """The record, with the wall-clock ``time`` (Unix seconds) it was written at."""
         if not self.enabled:
             return
+        liveness.ensure_not_cut_off()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
             line = {

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
+from . import liveness
 from .process_group import DistEnv, broadcast_object, gather_objects
 from .rng import capture_rng_state, restore_rng_state
 from .training_state import TrainingState
@@ -57,6 +58,12 @@ def step_of(path: Path) -> int:
     match = NAME.fullmatch(path.name)
     assert match, path
     return int(match.group(1))
+
+
+def describe_newest(directory: Path) -> str:
+    """Where a run of the same command would resume from, for a message."""
+    steps = [step_of(p) for p in directory.iterdir() if NAME.fullmatch(p.name)] if directory.is_dir() else []
+    return f"the newest complete checkpoint is step {max(steps)}" if steps else "there is no checkpoint yet"
 
 
 class Layout(Protocol):
@@ -141,6 +148,7 @@ class Checkpointer:
     def save(self, state: TrainingState, config_yaml: str) -> None:
         """A collective: every rank contributes its RNG state (and, for fsdp2, its shards)."""
         self.wait()  # a checkpoint still being written in the background is published first
+        liveness.ensure_not_cut_off()
         rng_states = gather_objects(capture_rng_state(), self.env)
         header = {
             "world_size": self.env.world_size,

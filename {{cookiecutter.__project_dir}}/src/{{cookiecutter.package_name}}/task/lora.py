@@ -21,6 +21,7 @@ from torch import nn
 
 from ..config import LoraConfig
 from ..config.validation import ConfigError
+from ..parallel import liveness
 from .hugging_face import head_modules
 from .spec import Task, TaskData
 
@@ -95,6 +96,7 @@ def save_final(task: Task, model: nn.Module, data: TaskData, directory: Path) ->
     """``final/``: the model type's own save of the model; of an adapted one, the merged model, and in
     ``final/adapter/`` the adapter alone (with the head), loadable with peft on top of the base model,
     beside the fine-tuned model's config (its labels) and preprocessor, which predict reads."""
+    liveness.ensure_not_cut_off()
     if not is_adapted(model):
         task.save_final(model, data, directory)
         return

@@ -40,7 +40,10 @@ RUN = [
 PREPROCESS_ONLY = """
 import resource, sys, time, torch
 from {package}.config import load_config
-from {package}.parallel.process_group import DistEnv
+try:
+    from {package}.parallel.process_group import DistEnv
+except ModuleNotFoundError:  # the baseline's flat layout
+    from {package}.distributed import DistEnv
 from {package}.model_type.task import TASK
 def cpu():
     children = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -14,11 +14,11 @@ from .data.loader import DataError
 from .launch.errors import os_error_message, report_crash, report_error
 from .launch.lock import OutputDirBusy, OutputDirLock
 from .launch.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
-from .launch.status import FINISHED, PREEMPTED, status_dir, tell_launcher
+from .launch.status import FINISHED, PREEMPTED, USER_ERROR, status_dir, tell_launcher
 from .loop.trainer import Trainer
 from .model_type.task import TASK
 from .observe.log import log, setup_logging
-from .parallel import liveness
+from .parallel import liveness, stuck_ranks
 from .parallel.checkpoint import CheckpointError, describe_newest
 from .parallel.process_group import DistEnv, broadcast_object, distributed, launched_by_torchrun
 from .parallel.shared_storage import require_shared_output_dir
@@ -40,6 +40,7 @@ def run(config: Config) -> int:
                 status=status_dir(),
                 tell=lambda message: tell_launcher(PREEMPTED, message),
             )
+            stuck_ranks.start(Path(config.output_dir), tell=lambda line: tell_launcher(USER_ERROR, line))
             return train_and_report(config, env, preemption)
     except Exception as error:  # before the process group exists: no peer can fail because of it
         return report(error)
@@ -59,9 +60,14 @@ def train_and_report(config: Config, env: DistEnv, preemption: PreemptionWatch) 
             log.info(f"preempted: {stop}; run the same command again to resume")
         return 0 if launched_by_torchrun() else PREEMPTED_EXIT_CODE
     except Exception as error:
+        stuck_ranks.timed_out(error)
         if not isinstance(error, USER_ERRORS):
             liveness.await_verdict()  # a collective that failed for a lost node: that ends here, with 75
         liveness.stop()
+        stuck = stuck_ranks.explain(error, config.distributed.timeout_s)
+        if stuck is not None:  # a rank that never entered the collective: named, with every rank's stacks
+            report_error(stuck)
+            return 1
         return report(error)
     liveness.stop()
     tell_launcher(FINISHED)

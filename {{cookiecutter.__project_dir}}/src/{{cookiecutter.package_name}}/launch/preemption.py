@@ -19,7 +19,7 @@ from types import FrameType
 
 import torch
 
-from ..parallel.process_group import start_all_reduce_max_cpu
+from ..parallel.process_group import start_all_reduce_max_cpu, wait_for
 from .status import stop_requested
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -63,9 +63,8 @@ class PreemptionWatch:
         equally on every rank, whether some rank voted so at the previous call.
         A collective: call it on all ranks after every step, and ``settle()`` once the loop ends.
         """
-        if self.vote_in_flight is not None:
-            self.vote_in_flight.wait()  # sent a step ago: long done
-            self.vote_in_flight = None
+        wait_for(self.vote_in_flight)  # sent a step ago: long done
+        self.vote_in_flight = None
         decided, self.checkpoint_due = bool(self.vote[0].item()), bool(self.vote[1].item())
         if not decided:
             self.received = self.received or stop_requested()
@@ -77,9 +76,8 @@ class PreemptionWatch:
 
     def settle(self) -> None:
         """Wait for the vote still travelling, so no collective outlives the loop."""
-        if self.vote_in_flight is not None:
-            self.vote_in_flight.wait()
-            self.vote_in_flight = None
+        wait_for(self.vote_in_flight)
+        self.vote_in_flight = None
 
     def signal_name(self) -> str:
         # A rank that learnt of the stop by the vote still names launch.sh's signal where there is one.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..parallel.process_group import DistEnv, start_all_reduce_max_cpu
+from ..parallel.process_group import DistEnv, start_all_reduce_max_cpu, wait_for
 
 
 def peak_memory(env: DistEnv) -> dict[str, float]:
@@ -13,8 +13,6 @@ def peak_memory(env: DistEnv) -> dict[str, float]:
     if env.device.type != "cuda":
         return {}
     peak = torch.tensor([float(torch.cuda.max_memory_allocated(env.device))], dtype=torch.float64)
-    work = start_all_reduce_max_cpu(peak)
-    if work is not None:
-        work.wait()
+    wait_for(start_all_reduce_max_cpu(peak))
     torch.cuda.reset_peak_memory_stats(env.device)
     return {"peak_memory_gib": round(peak.item() / 2**30, 3)}

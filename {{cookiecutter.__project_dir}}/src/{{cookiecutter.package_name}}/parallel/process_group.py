@@ -1,5 +1,8 @@
 """All of the process-group plumbing: ranks, device, init/teardown and the few collectives the loop uses.
 
+A rank whose main thread is inside one of these functions is inside a collective (parallel/stuck_ranks.py
+says so when a collective times out).
+
 Every helper works without a process group too, so ``python -m <package>`` runs as one process with the
 same code path as ``torchrun``.
 """
@@ -188,6 +191,12 @@ def start_all_reduce_max_cpu(tensor: torch.Tensor) -> dist.Work | None:
     if not is_distributed():
         return None
     return dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_cpu_group, async_op=True)
+
+
+def wait_for(work: dist.Work | None) -> None:
+    """Wait for a collective started with ``async_op`` (None: there was none to start, alone)."""
+    if work is not None:
+        work.wait()
 
 
 def broadcast_object(value: Any, env: DistEnv) -> Any:

@@ -152,7 +152,9 @@ class Watch:
         store, deadline = self.store, time.monotonic() + within_s
         while time.monotonic() < deadline:
             if store.check(["verdict"]):
-                return store.get("verdict").decode()
+                verdict = store.get("verdict").decode()
+                store.add("verdict-read", 1)
+                return verdict
             time.sleep(POLL_S / 4)
         return None
 
@@ -174,6 +176,10 @@ class Watch:
         verdict = compose(answers, self.world_size, timeout_s, self.logs / f"stacks-{stamp}-rank*.txt")
         if first:
             store.set("verdict", verdict)
+            # The store may live on this rank's node: it stays up until the others have read the line.
+            deadline, others = time.monotonic() + ANSWER_S, len(answers) - 1
+            while store.add("verdict-read", 0) < others and time.monotonic() < deadline:
+                time.sleep(POLL_S / 4)
         return verdict
 
     def gather(self) -> dict[int, Where]:

@@ -7,11 +7,13 @@
 #
 # Environment (defaults rendered from the template answers):
 #   NPROC_PER_NODE  processes on this node; default: one per visible GPU ({{ cookiecutter.gpus_per_node }} rendered), 1 on CPU
-#   NNODES          number of nodes ({{ cookiecutter.num_nodes }}); 1 runs standalone on a free port
+#   NNODES          number of nodes ({{ cookiecutter.num_nodes }}); 1 runs standalone on a free port; MIN:MAX (e.g. 1:2) is
+#                   elastic: when nodes are lost, the job goes on with as few as MIN, at the same global batch
 #   NODE_RANK       this node's index in a multi-node job, 0 on MASTER_ADDR (optional; see below)
 #   MASTER_ADDR     rendezvous host of a multi-node job, the first node (required when NNODES > 1)
 #   MASTER_PORT     rendezvous port of a multi-node job (default 29500)
-#   MAX_RESTARTS    times torchrun restarts the whole group after a worker fails (default 0)
+#   MAX_RESTARTS    times torchrun restarts the whole group after a worker fails (default 0; MAX-MIN when
+#                   NNODES is MIN:MAX, so the job goes on by itself down to MIN nodes)
 #   RUN_ID          rendezvous id shared by the nodes of one job (default: derived from MASTER_ADDR:PORT)
 # torchrun's own PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT stand in
 # for the variables above where those are unset: the Kubeflow training operator sets them in each pod.
@@ -74,12 +76,12 @@ python -m {{ cookiecutter.package_name }}.doctor [key=value ...].
 
 Launch variables, as set now:
 $(describe NPROC_PER_NODE "$processes" "processes on this node")
-$(describe NNODES "unset: $RENDERED_NUM_NODES" "nodes; 1 runs standalone on a free port")
+$(describe NNODES "unset: $RENDERED_NUM_NODES" "nodes; 1 runs standalone; MIN:MAX is elastic")
 $(describe NODE_RANK "unset" "this node's index in a multi-node job, 0 on MASTER_ADDR")
 $(describe MASTER_ADDR "unset" "rendezvous host of a multi-node job (its first node)")
 $(describe MASTER_PORT "unset: 29500" "rendezvous port of a multi-node job")
 $(describe RUN_ID "unset: from MASTER_ADDR and PORT" "rendezvous id, the same on every node of a job")
-$(describe MAX_RESTARTS "unset: 0" "times torchrun restarts the group after a worker fails")
+$(describe MAX_RESTARTS "unset: 0, MAX-MIN if elastic" "times torchrun restarts the group after a worker fails")
 PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT stand in for the first five.
 
 Exit codes: 0 finished; 75 stopped after a checkpoint by SIGTERM, SIGUSR1 or Ctrl-C (run the same
@@ -111,17 +113,29 @@ if ((RENDERED_GPUS_PER_NODE > 0)) && [[ -n "$gpus" ]] && ((gpus > 0 && nproc > g
 fi
 
 nnodes="${NNODES:-$RENDERED_NUM_NODES}"
-is_count "$nnodes" || die "NNODES='$nnodes' is not a whole number >= 1"
-max_restarts="${MAX_RESTARTS:-0}"
+if [[ "$nnodes" =~ ^([0-9]+):([0-9]+)$ ]]; then
+    min_nodes="${BASH_REMATCH[1]}" max_nodes="${BASH_REMATCH[2]}"
+    { is_count "$min_nodes" && ((10#$min_nodes <= 10#$max_nodes)); } ||
+        die "NNODES='$nnodes' is not MIN:MAX with 1 <= MIN <= MAX (e.g. 1:2)"
+    min_nodes=$((10#$min_nodes)) max_nodes=$((10#$max_nodes))
+else
+    is_count "$nnodes" || die "NNODES='$nnodes' is not a whole number >= 1, nor MIN:MAX (e.g. 1:2)"
+    min_nodes=$((10#$nnodes)) max_nodes=$((10#$nnodes))
+fi
+max_restarts="${MAX_RESTARTS:-$((max_nodes - min_nodes))}"
 [[ "$max_restarts" =~ ^[0-9]+$ ]] || die "MAX_RESTARTS='$max_restarts' is not a whole number >= 0"
 
 args=(--nproc-per-node="$nproc" --max-restarts="$max_restarts")
 run_id="" # a single node's: torchrun draws one
-if ((nnodes == 1)); then
+if ((max_nodes == 1)); then
     # A local rendezvous on a free port: two jobs on one machine never collide.
     args+=(--standalone)
 else
     [[ -n "${MASTER_ADDR:-}" ]] || die "NNODES=$nnodes needs MASTER_ADDR, the host every node can reach (e.g. the first node)"
+    nnodes="$max_nodes"
+    if ((min_nodes < max_nodes)); then
+        nnodes="$min_nodes:$max_nodes" # torchrun's elastic form
+    fi
     port="${MASTER_PORT:-29500}"
     run_id="${RUN_ID:-{{ cookiecutter.project_slug }}-$MASTER_ADDR-$port}"
     args+=(
@@ -131,8 +145,8 @@ else
         --rdzv-id="$run_id"
     )
     if [[ -n "$NODE_RANK" ]]; then
-        if [[ ! "$NODE_RANK" =~ ^[0-9]+$ ]] || ((10#$NODE_RANK >= nnodes)); then
-            die "NODE_RANK='$NODE_RANK' is not a whole number below NNODES=$nnodes"
+        if [[ ! "$NODE_RANK" =~ ^[0-9]+$ ]] || ((10#$NODE_RANK >= max_nodes)); then
+            die "NODE_RANK='$NODE_RANK' is not a whole number below NNODES=${NNODES:-$RENDERED_NUM_NODES}"
         fi
         # c10d numbers the nodes itself (torchrun ignores --node-rank for it). NODE_RANK decides which node
         # hosts the rendezvous store: node 0, on MASTER_ADDR. Without it torchrun guesses from the host
@@ -150,6 +164,10 @@ fi
 # (the README's Speed section has the bench's numbers). On a machine of your own, more processes
 # (NPROC_PER_NODE) or OMP_NUM_THREADS=cores/processes may be faster.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+
+# The nodes the global batch is planned for: on fewer (an elastic job that lost some), every process
+# accumulates more micro-steps, so the optimizer sees the same global batch (run.py).
+export LAUNCH_MAX_NNODES="$max_nodes"
 
 # torch's C++ warnings off by default: when a node is lost, its store and gloo clients retry with a
 # warning and a stack of 30 frames every few seconds until the project's one line names the node. Set

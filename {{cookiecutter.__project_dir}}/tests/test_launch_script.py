@@ -31,7 +31,8 @@ OPERATOR_ENV = {
 }
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # Every call is logged; the launcher prints torchrun's arguments, the signals it ignores (/proc's SigIgn
-# mask), the malloc and thread settings, then exits with LAUNCHER_EXIT; the pre-check fails on FAIL_CHECK.
+# mask), the malloc settings, the planned node count and the thread setting, then exits with
+# LAUNCHER_EXIT; the pre-check fails on FAIL_CHECK.
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 echo "$*" >> "$(dirname "$0")/calls"
 if [[ "$2" == *.launcher ]]; then
@@ -39,6 +40,7 @@ if [[ "$2" == *.launcher ]]; then
     printf "%s\n" "$@"
     grep "^SigIgn:" /proc/$$/status
     echo "MALLOC=${MALLOC_MMAP_THRESHOLD_:-}/${MALLOC_TRIM_THRESHOLD_:-}"
+    echo "MAX_NNODES=$LAUNCH_MAX_NNODES"
     echo "OMP=$OMP_NUM_THREADS"
     exit "${LAUNCHER_EXIT:-0}"
 fi
@@ -73,6 +75,7 @@ def launch(fake_bin: Path, *args: str, **env: str) -> subprocess.CompletedProces
             "MALLOC_TRIM_THRESHOLD_",
             "GLIBC_TUNABLES",
             "RUN_ID",
+            "LAUNCH_MAX_NNODES",
             *OPERATOR_ENV,
             "PET_MASTER_ADDR",
             "PET_MASTER_PORT",
@@ -109,6 +112,25 @@ def test_multi_node_uses_c10d_rendezvous(fake_bin: Path) -> None:
         assert expected in lines
     assert "--standalone" not in lines
     assert any(line.startswith("--rdzv-id=") for line in lines)
+    assert "MAX_NNODES=2" in lines
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "restarts", "expected"), [("1:2", "", "1"), ("2:4", "", "2"), ("1:2", "0", "0")]
+)
+def test_an_elastic_range_goes_to_torchrun_with_a_restart_per_node_it_may_lose(
+    fake_bin: Path, nnodes: str, restarts: str, expected: str
+) -> None:
+    result = launch(fake_bin, NPROC_PER_NODE="1", NNODES=nnodes, MASTER_ADDR="n0", MAX_RESTARTS=restarts)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert f"--nnodes={nnodes}" in lines and f"--max-restarts={expected}" in lines
+    assert f"MAX_NNODES={nnodes.split(':')[1]}" in lines  # the global batch is planned for the most nodes
+
+
+def test_a_range_of_one_node_runs_standalone(fake_bin: Path) -> None:
+    lines = launch(fake_bin, NPROC_PER_NODE="1", NNODES="1:1").stdout.splitlines()
+    assert "--standalone" in lines and "--max-restarts=0" in lines and "MAX_NNODES=1" in lines
 
 
 @pytest.mark.parametrize(("node_rank", "conf"), [("0", ["--rdzv-conf=is_host=true"]), ("", [])])
@@ -158,7 +180,7 @@ def test_help_lists_the_launch_variables_with_their_values_and_starts_nothing(fa
     names = ["NPROC_PER_NODE", "NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RUN_ID", "MAX_RESTARTS"]
     assert set(names) <= rows.keys()
     assert rows["NPROC_PER_NODE"].startswith("3 ") and rows["MASTER_ADDR"].startswith("node0 ")
-    assert rows["NNODES"].startswith("1 ") and rows["MAX_RESTARTS"].startswith("unset: 0 ")
+    assert rows["NNODES"].startswith("1 ") and rows["MAX_RESTARTS"].startswith("unset: 0, MAX-MIN if elastic")
     assert "75" in result.stdout  # the exit codes
     assert not (fake_bin / "calls").exists()  # no Python at all: no torch import, no second usage
 
@@ -180,7 +202,14 @@ def test_exit_code_is_the_launchers_or_1(fake_bin: Path, launcher_exit: int, exp
         ({"NNODES": "0"}, "NNODES='0'"),
         ({"NNODES": "2", "MASTER_ADDR": "n0", "NODE_RANK": "2"}, "NODE_RANK='2'"),
         ({"NNODES": "2", "MASTER_ADDR": "n0", "NODE_RANK": "one"}, "NODE_RANK='one'"),
-        ({"NNODES": "", "PET_NNODES": "1:4"}, "NNODES='1:4'"),  # an elastic range: not supported
+        ({"NNODES": "1:2"}, "NNODES=1:2 needs MASTER_ADDR"),
+        ({"NNODES": "", "PET_NNODES": "2:1", "MASTER_ADDR": "n0"}, "NNODES='2:1' is not MIN:MAX"),
+        ({"NNODES": "0:2", "MASTER_ADDR": "n0"}, "NNODES='0:2' is not MIN:MAX"),
+        ({"NNODES": "1:two", "MASTER_ADDR": "n0"}, "NNODES='1:two' is not a whole number"),
+        (
+            {"NNODES": "1:2", "MASTER_ADDR": "n0", "NODE_RANK": "2"},
+            "NODE_RANK='2' is not a whole number below NNODES=1:2",
+        ),
         ({"MAX_RESTARTS": "-1"}, "MAX_RESTARTS='-1'"),
     ],
 )

@@ -20,6 +20,7 @@ from .model_type.task import TASK
 from .observe.log import log, setup_logging
 from .parallel import liveness, stuck_ranks
 from .parallel.checkpoint import CheckpointError, describe_newest
+from .parallel.elastic import keep_global_batch
 from .parallel.process_group import DistEnv, broadcast_object, distributed, launched_by_torchrun
 from .parallel.shared_storage import require_shared_output_dir
 
@@ -33,6 +34,7 @@ def run(config: Config) -> int:
         preemption = PreemptionWatch()
         with distributed(config.distributed) as env:
             setup_logging(env, config.log_level)
+            config = keep_global_batch(config, env.world_size)  # an elastic job on fewer nodes
             checkpoints = Path(config.output_dir) / "checkpoints"
             liveness.start(
                 config.distributed.node_timeout_s,

@@ -35,7 +35,7 @@ from pathlib import Path
 from ..config import ConfigError, load_config
 from ..config.constants import PACKAGE
 from ..parallel.checkpoint import describe_newest
-from ..parallel.environment import LIVENESS_STATE_FILE, LOST_NODE_FILE
+from ..parallel.environment import LIVENESS_STATE_FILE, Verdict, read_verdict
 from .lifeline import PARENT_PID_ENV, tie_to_parent
 from .node_address import NodeAddressError, with_node_address
 from .preemption import PREEMPTED_EXIT_CODE
@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
 
     torchrun_log = status / "torchrun.log"
     _log_to(torchrun_log)  # after importing torch, which sets up loggers of its own
-    threading.Thread(target=end_when_a_node_is_lost, args=(status,), name="lost-node", daemon=True).start()
+    watch = threading.Thread(
+        target=end_when_a_node_is_lost, args=(status, elastic_restarts(args)), name="lost-node", daemon=True
+    )
+    watch.start()
     failure = None
     try:
         torchrun(args)
@@ -89,7 +92,7 @@ def lost_rendezvous_host(failure: Exception | None, status: Path) -> bool:
 
 
 def lost_rendezvous_host_message(args: list[str]) -> str:
-    endpoint = next((arg.split("=", 1)[1] for arg in args if arg.startswith("--rdzv-endpoint=")), "?")
+    endpoint = _option(args, "--rdzv-endpoint", "?")
     try:
         newest = describe_newest(Path(output_dir(args)) / "checkpoints")
     except ConfigError:
@@ -100,16 +103,44 @@ def lost_rendezvous_host_message(args: list[str]) -> str:
     )
 
 
-def end_when_a_node_is_lost(status: Path) -> None:
+def end_when_a_node_is_lost(status: Path, restarts: int) -> None:
     """A lost node ends this node in a bounded time, whatever torchrun waits on (its workers die with
-    this process)."""
-    lost = status / LOST_NODE_FILE
-    while not lost.exists():
-        time.sleep(0.5)
+    this process). An elastic job with `restarts` left goes on instead: torchrun restarts the workers
+    on the nodes left, unless the lost node held the rendezvous, which no restart can reach."""
+    attempt = 0
+    while True:
+        verdict = _await_verdict(status, since_attempt=attempt)
+        if verdict.attempt >= restarts or verdict.rendezvous_host:
+            break
+        say(
+            f"launch.sh: {verdict.who} was lost; this elastic job goes on with the nodes left, from its "
+            f"newest complete checkpoint (torchrun's restart {verdict.attempt + 1} of {restarts})"
+        )
+        attempt = verdict.attempt + 1
     time.sleep(LOST_NODE_GRACE_S)  # main() normally concludes in this time
     if concluded.acquire(blocking=False):
-        say(f"launch.sh: {lost.read_text(encoding='utf-8')}")
+        say(f"launch.sh: {verdict.line}")
         os._exit(PREEMPTED_EXIT_CODE)
+
+
+def _await_verdict(status: Path, since_attempt: int) -> Verdict:
+    while (verdict := read_verdict(status)) is None or verdict.attempt < since_attempt:
+        time.sleep(0.5)
+    return verdict
+
+
+def elastic_restarts(args: list[str]) -> int:
+    """The restarts torchrun may spend going on with fewer nodes: its --max-restarts in an elastic job
+    (--nnodes=MIN:MAX, MIN < MAX), none otherwise."""
+    nnodes = _option(args, "--nnodes", "1")
+    low, _, high = nnodes.partition(":")
+    if not high or low == high:
+        return 0
+    return int(_option(args, "--max-restarts", "0"))
+
+
+def _option(args: list[str], name: str, default: str) -> str:
+    return next((arg.split("=", 1)[1] for arg in args if arg.startswith(f"{name}=")), default)
 
 
 def conclude(outcomes: list[Outcome], failure: Exception | None, failure_log: Callable[[], Path]) -> int:

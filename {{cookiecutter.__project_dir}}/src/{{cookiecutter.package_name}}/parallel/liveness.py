@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from .environment import LIVENESS_STATE_FILE, LOST_NODE_FILE
+from .environment import LIVENESS_STATE_FILE, Verdict, read_verdict, restart_attempt, write_verdict
 
 EXIT_CODE = 75  # temporary: run the same command again (launch/preemption.py's PREEMPTED_EXIT_CODE)
 log = logging.getLogger(__name__)
@@ -49,6 +49,9 @@ class Watch:
         self.store_node: int | None = None
         self.confirmed = time.monotonic()  # the last round that saw every node alive
         self.moved = dict.fromkeys(range(self.nodes), time.monotonic())  # when each node's count last moved
+        # A time each node has surely lived past: the round before the one that saw its count move. The
+        # round that sees it move proves less: the beat it sees may predate the fault.
+        self.alive_after = dict.fromkeys(range(self.nodes), 0.0)
         self.reached = time.monotonic()  # the last round the store answered
         self.ended = threading.Event()  # this node or another ended on purpose: nothing is lost
         self.store: dist.Store | None = None
@@ -69,7 +72,7 @@ class Watch:
     def _connect(self) -> dist.Store:
         address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         client = dist.TCPStore(address, port, is_master=False, timeout=timedelta(seconds=self.timeout_s))
-        store = dist.PrefixStore(f"liveness-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", client)
+        store = dist.PrefixStore(f"liveness-{restart_attempt()}", client)
         store.set(f"host/{self.node}", socket.gethostname())
         if _is_local(address, port):
             store.set("store-node", str(self.node))
@@ -79,6 +82,7 @@ class Watch:
         """Rounds with the store: beat, read every node's count. A round may hang for good (a store behind a
         cut link does not answer, and a client waits), so the judge, not this thread, decides."""
         counts = dict.fromkeys(range(self.nodes), -1)
+        previous_round: float | None = None
         while not self.ended.is_set():
             try:
                 if self.store is None:
@@ -90,12 +94,14 @@ class Watch:
                     count = store.add(f"beat/{node}", 0)
                     if count != counts[node]:
                         counts[node], self.moved[node] = count, now
+                        if previous_round is not None:
+                            self.alive_after[node] = previous_round
                 if store.add("ended", 0):
                     self.ended.set()
                     self._publish(ended=True)
                     return
                 self._learn_names(store)
-                self.reached = now
+                self.reached = previous_round = now
             except Exception:  # the store failed to answer: the judge counts the silence
                 pass
             time.sleep(self.interval_s)
@@ -125,15 +131,16 @@ class Watch:
         """What this node's other processes need to know when a collective fails under them."""
         if self.status is not None:
             partial = self.status / f".{LIVENESS_STATE_FILE}.{os.getpid()}"
-            partial.write_text(f"{self.confirmed} {int(ended)}", encoding="utf-8")
+            partial.write_text(f"{min(self.alive_after.values())} {int(ended)}", encoding="utf-8")
             os.replace(partial, self.status / LIVENESS_STATE_FILE)
 
     def _published(self) -> tuple[float, bool]:
+        """The first process's view: when every node was last surely alive, and whether one ended."""
         if self.status is None:
             return 0.0, False
         try:
-            confirmed, ended = (self.status / LIVENESS_STATE_FILE).read_text(encoding="utf-8").split()
-            return float(confirmed), ended == "1"
+            alive_after, ended = (self.status / LIVENESS_STATE_FILE).read_text(encoding="utf-8").split()
+            return float(alive_after), ended == "1"
         except (OSError, ValueError):
             return 0.0, False
 
@@ -148,9 +155,9 @@ class Watch:
     def _follow(self) -> None:
         """Another process of this node: end with the verdict of the node's first process."""
         while self.status is not None and not self.ended.is_set():
-            lost = self.status / LOST_NODE_FILE
-            if lost.exists():
-                self.end(lost.read_text(encoding="utf-8"))
+            verdict = read_verdict(self.status, restart_attempt())
+            if verdict is not None:
+                self.end(verdict.line)
             time.sleep(self.interval_s)
 
     def declare(self, node: int | None, fallback: str | None) -> None:
@@ -160,9 +167,8 @@ class Watch:
             f"{self.describe_checkpoint()}; run the same command again on every node to resume"
         )
         if self.status is not None:
-            partial = self.status / f".{LOST_NODE_FILE}.{os.getpid()}"
-            partial.write_text(message, encoding="utf-8")
-            os.replace(partial, self.status / LOST_NODE_FILE)
+            held_store = node is None or node == self.store_node
+            write_verdict(self.status, Verdict(message, who, held_store, restart_attempt()))
         self.end(message)
 
     def end(self, message: str) -> None:
@@ -184,14 +190,14 @@ class Watch:
             store.add("ended", 1)
 
     def wait_for_verdict(self, since: float) -> None:
-        """Return once every node has moved since `since` or one ended on purpose; a lost node ends this
-        process before."""
+        """Return once every node has surely lived past `since` (a collective that failed then did not fail
+        for a lost node) or one ended on purpose; a lost node ends this process before."""
         deadline = since + self.timeout_s + 3 * self.interval_s
         while time.monotonic() < deadline and not self.ended.is_set():
-            if self.beats and self.moved and all(moved > since for moved in self.moved.values()):
+            if self.beats and all(alive > since for alive in self.alive_after.values()):
                 return
-            confirmed, ended = self._published()
-            if not self.beats and (confirmed > since or ended):
+            alive_after, ended = self._published()
+            if not self.beats and (alive_after > since or ended):
                 return
             time.sleep(self.interval_s / 2)
 

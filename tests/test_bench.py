@@ -223,6 +223,7 @@ def test_code_that_only_moved_is_the_code_a_table_measured() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.expected_s(340)
 def test_every_runner_completes_a_quick_pass(tmp_path: Path) -> None:
     """Every runner on every workload it is meant for, a few steps each: the bench runs."""
     command = [sys.executable, str(REPO / "bench" / "run.py"), "--quick", "--rounds", "1"]
@@ -245,6 +246,7 @@ def test_every_runner_completes_a_quick_pass(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.expected_s(12)
 def test_gpu_check_plumbing_runs_on_cpu(tmp_path: Path) -> None:
     """bench/gpu_check.sh renders, builds, launches and reports; --cpu stands in for the GPU here."""
     command = [str(REPO / "bench" / "gpu_check.sh"), "--cpu", "--skip-compile", "--work-dir", str(tmp_path)]

@@ -28,6 +28,7 @@ RENDERS = [
 ]
 
 
+@pytest.mark.expected_s(50)
 @pytest.mark.parametrize("answers", RENDERS, ids=["custom-1-1-bf16", "text-classification-8-4-fp16-lora"])
 def test_gpu_project_fast_tests_pass_on_a_cpu_machine(bake_ok, answers: dict[str, str]) -> None:
     project = bake_ok(backend="nccl", **answers)

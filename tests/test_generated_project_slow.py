@@ -63,15 +63,76 @@ SUITE_SELECTION = {
 }
 
 
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_generated_project_passes_its_own_test_suite(bake_ok, model_type):
+# FULL_SUITE_MODEL_TYPE's suite takes longer than all the other items of a worker together, so it runs
+# in shards that the template's workers take side by side. Every test file of the render is in exactly
+# one shard: the last takes every file that the others do not name (a file named here that the render
+# lacks fails its shard).
+FULL_SUITE_SHARDS: dict[str, tuple[str, ...]] = {
+    "emulated-hosts": (
+        "test_lost_nodes.py",
+        "test_elastic.py",
+        "test_shared_storage.py",
+        "test_stuck_ranks.py",
+        "test_node_addresses.py",
+        "test_network_interface.py",
+    ),
+    "equivalence-and-faults": (
+        "test_equivalence.py",
+        "test_faults.py",
+        "test_fsdp2.py",
+        "test_sharded_checkpoints.py",
+    ),
+    "job-control-and-lora": ("test_job_control.py", "test_lora.py"),
+    "every-other-file": (),
+}
+# Emulated hosts mostly wait (node timeouts, torchrun's rendezvous), using little CPU: two of their files
+# at a time overlap the waits. A file stays on one process, as its module-scoped jobs must.
+SHARD_OPTIONS = {"emulated-hosts": ["-n", "2", "--dist", "loadfile"]}
+# Seconds each suite took on 2 busy cores (2026-12-06), for tests/conftest.py's longest-first order.
+SUITE_SECONDS = {
+    "emulated-hosts": 190,
+    "equivalence-and-faults": 180,
+    "job-control-and-lora": 150,
+    "every-other-file": 175,
+    "causal-lm": 150,
+    "image-classification": 130,
+    "custom": 70,
+}
+
+
+def shard_files(shard: str) -> list[str]:
+    """pytest arguments selecting the shard's test files, relative to the project."""
+    if FULL_SUITE_SHARDS[shard]:
+        return [f"tests/{name}" for name in FULL_SUITE_SHARDS[shard]]
+    named = [name for names in FULL_SUITE_SHARDS.values() for name in names]
+    return ["tests", *(f"--ignore=tests/{name}" for name in named)]
+
+
+SUITES = [
+    pytest.param(
+        model_type, shard, id=f"{model_type}-{shard}", marks=pytest.mark.expected_s(SUITE_SECONDS[shard])
+    )
+    for model_type in MODEL_TYPES
+    if model_type == FULL_SUITE_MODEL_TYPE
+    for shard in FULL_SUITE_SHARDS
+] + [
+    pytest.param(model_type, None, id=model_type, marks=pytest.mark.expected_s(SUITE_SECONDS[model_type]))
+    for model_type in MODEL_TYPES
+    if model_type != FULL_SUITE_MODEL_TYPE
+]
+
+
+@pytest.mark.parametrize("model_type,shard", SUITES)
+def test_generated_project_passes_its_own_test_suite(bake_ok, model_type, shard):
     project = bake_ok(model_type=model_type, **CPU_ANSWERS)
     test_file = project.path / "tests" / f"test_{model_type.replace('-', '_')}.py"
     assert test_file.is_file(), f"the {model_type} project ships no {test_file.name}"
 
     selection = ["-x", "-m", SUITE_SELECTION[model_type]]
-    # The longest of these suites took 34 minutes beside the other worker on a slow day; the limit only
-    # catches a hang.
+    if shard is not None:
+        selection += [*SHARD_OPTIONS.get(shard, []), *shard_files(shard)]
+    # The longest suite took 34 minutes beside the other worker on a slow day, before it was sharded;
+    # the limit only catches a hang.
     proc = run_generated_suite(project.path, selection, project_env(project.path), timeout=3600)
     assert proc.returncode == 0, describe(proc)
     assert " passed" in proc.stdout, describe(proc)
@@ -86,6 +147,7 @@ LORA_MODEL_TYPES = ("text-classification", "causal-lm")
 
 
 @pytest.mark.parametrize("model_type", ["causal-lm"])
+@pytest.mark.expected_s(30)
 def test_lora_project_passes_its_fast_tests(bake_ok, model_type):
     project = bake_ok(model_type=model_type, finetune="lora", project_name=LONG_NAME, **CPU_ANSWERS)
     assert len(project.package) == len(LONG_NAME) == 60

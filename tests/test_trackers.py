@@ -52,6 +52,7 @@ def test_unknown_tracker_is_refused(bake):
 
 
 @pytest.mark.slow
+@pytest.mark.expected_s(18)
 @pytest.mark.parametrize("tracker", [t for t in TRACKERS if t != "none"])
 def test_rank_0_feeds_the_chosen_tracker(bake_ok, tracker):
     project = bake_ok(tracker=tracker, model_type="custom", **CPU_ANSWERS)

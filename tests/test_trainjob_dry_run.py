@@ -171,6 +171,7 @@ def exit_codes(pods: list[Pod], processes: list[subprocess.Popen], logs: Path) -
     return codes
 
 
+@pytest.mark.expected_s(25)
 def test_the_trainjob_trains_to_final_through_an_eviction_on_emulated_hosts(cookies_session, tmp_path):
     """Node 1's pod is evicted (SIGTERM to its container) after the first checkpoint: every pod exits 75,
     the pods restart in place as JobSet's OnFailure has them, and the job resumes to `final/`."""

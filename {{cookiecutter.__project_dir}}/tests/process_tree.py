@@ -39,6 +39,20 @@ def launcher_of(launch: subprocess.Popen) -> int:
     raise AssertionError("launch.sh runs no launcher")
 
 
+def threads_taking(pid: int, numbers: list[int]) -> list[int]:
+    """The threads of process ``pid`` that would run a handler of one of the signals ``numbers``: those
+    that do not block them all, less one that waits for them in sigwait (which lifts the block while it
+    waits, and takes the signal without a handler)."""
+    mask = sum(1 << (number - 1) for number in numbers)
+    taking = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        lines = (task / "status").read_text().splitlines()
+        blocked = int(next(line for line in lines if line.startswith("SigBlk:")).split()[1], 16)
+        if blocked & mask != mask and "sigtimedwait" not in (task / "wchan").read_text():
+            taking.append(int(task.name))
+    return taking
+
+
 def wait_for_stop_request(launch: subprocess.Popen, timeout: float = 60) -> None:
     """Until launch.sh has asked its workers to stop (launch/status.py), which it does when signalled."""
     variables = Path(f"/proc/{launcher_of(launch)}/environ").read_text().split("\0")

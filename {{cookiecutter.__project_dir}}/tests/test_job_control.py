@@ -33,6 +33,7 @@ from process_tree import (
     is_gone,
     launcher_of,
     signal_all,
+    threads_taking,
     wait_for_checkpoint,
     wait_for_stop_request,
     workers_of,
@@ -147,6 +148,8 @@ def test_ctrl_c_stops_after_a_checkpoint_in_one_line(demo, reference: Path, tmp_
     """Ctrl-C: the terminal sends SIGINT to its foreground process group, launch.sh and torchrun."""
     launch, workers = interrupted_run(demo, tmp_path, *QUIET)
     reap += [launch.pid, *workers]
+    stop_signals = [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1]
+    assert threads_taking(launcher_of(launch), stop_signals) == []  # so torchrun's handlers never run
     os.killpg(launch.pid, signal.SIGINT)
     wait_for_stop_request(launch)
     signal_all(workers, signal.SIGCONT)

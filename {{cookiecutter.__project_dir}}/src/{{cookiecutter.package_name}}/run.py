@@ -13,8 +13,8 @@ from .config import Config, ConfigError
 from .data.loader import DataError
 from .launch.errors import os_error_message, report_crash, report_error
 from .launch.lock import OutputDirBusy, OutputDirLock
-from .launch.preemption import PREEMPTED_EXIT_CODE, Preempted, PreemptionWatch
-from .launch.status import FINISHED, PREEMPTED, USER_ERROR, status_dir, tell_launcher
+from .launch.preemption import Preempted, PreemptionWatch
+from .launch.status import FINISHED, PREEMPTED, PREEMPTED_EXIT_CODE, USER_ERROR, status_dir, tell_launcher
 from .loop.trainer import Trainer
 from .model_type.task import TASK
 from .observe.log import log, setup_logging

@@ -7,10 +7,12 @@ arguments, and four differences.
   file. Once torchrun returns, every worker of this node has exited and left its outcome
   (launch/status.py); this prints each distinct user error's line once, or one line for a bug that names
   a log file under output_dir holding the tracebacks and torchrun's report.
-- Signals. SIGTERM, SIGINT and SIGUSR1 are blocked here, so torchrun's handlers, which stop the workers,
-  kill them 30 s later and exit 1, never run. The workers act on the signal (launch.sh passes it on as a
-  stop request), save a checkpoint and exit, and torchrun sees a clean end. The workers inherit the
-  block and lift it once their own handlers are in place: a signal that comes while they start waits.
+- Signals. SIGTERM, SIGINT and SIGUSR1 are blocked here, in every thread (main() blocks them before
+  torch, imported only then, starts threads of its own), so torchrun's handlers, which stop the workers,
+  kill them 30 s later and exit 1, never run. One thread takes them and passes them on as a stop request,
+  as launch.sh does; the workers act on it, save a checkpoint and exit, and torchrun sees a clean end.
+  The workers inherit the block and lift it once their own handlers are in place: a signal that comes
+  while they start waits.
 - Addresses. In a multi-node job, torchrun and gloo get the address that routes to MASTER_ADDR, not the
   one the host name resolves to (launch/node_address.py).
 - Lifetimes. This process dies with launch.sh, and the workers with this process (launch/lifeline.py).
@@ -21,6 +23,7 @@ reports the stop its group agreed on), 1 an error.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -34,12 +37,19 @@ from pathlib import Path
 
 from ..config import ConfigError, load_config
 from ..config.constants import PACKAGE
-from ..parallel.checkpoint import describe_newest
 from ..parallel.environment import LIVENESS_STATE_FILE, Verdict, read_verdict
 from .lifeline import PARENT_PID_ENV, tie_to_parent
 from .node_address import NodeAddressError, with_node_address
-from .preemption import PREEMPTED_EXIT_CODE
-from .status import CRASH, PREEMPTED, STATUS_DIR_ENV, USER_ERROR, Outcome, read_outcomes
+from .status import (
+    CRASH,
+    PREEMPTED,
+    PREEMPTED_EXIT_CODE,
+    STATUS_DIR_ENV,
+    USER_ERROR,
+    Outcome,
+    read_outcomes,
+    request_stop,
+)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # After a lost node's verdict, the time torchrun has to return before this process ends on its own: its
@@ -60,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     status = Path(os.environ.get(STATUS_DIR_ENV) or tempfile.mkdtemp(prefix="launch-status-"))
     os.environ[STATUS_DIR_ENV] = str(status)
     os.environ[PARENT_PID_ENV] = str(os.getpid())
+    threading.Thread(target=pass_stop_signals_on, args=(status,), name="stop-signals", daemon=True).start()
     from torch.distributed.run import main as torchrun
 
     torchrun_log = status / "torchrun.log"
@@ -80,6 +91,17 @@ def main(argv: list[str] | None = None) -> int:
         return conclude(read_outcomes(status), failure, lambda: write_failure_log(args, status, torchrun_log))
 
 
+def pass_stop_signals_on(status: Path) -> None:
+    """A stop signal sent to the whole job (Ctrl-C, `kill -- -PGID`) reaches this process too, blocked:
+    it asks the workers to stop as launch.sh's trap does, so the request does not rest on the shell alone.
+    The template's CI once saw a Ctrl-C to the whole job, its workers paused, write no request within 60 s:
+    bash runs a trap only when its `wait` notices the signal, and did not."""
+    while True:
+        number = signal.sigwait(STOP_SIGNALS)
+        with contextlib.suppress(OSError):  # launch.sh has ended and removed the folder
+            request_stop(status, signal.Signals(number).name)
+
+
 class LostNode(Exception):
     """torchrun lost the rendezvous host while the workers trained."""
 
@@ -92,6 +114,8 @@ def lost_rendezvous_host(failure: Exception | None, status: Path) -> bool:
 
 
 def lost_rendezvous_host_message(args: list[str]) -> str:
+    from ..parallel.checkpoint import describe_newest  # imports torch: see main()
+
     endpoint = _option(args, "--rdzv-endpoint", "?")
     try:
         newest = describe_newest(Path(output_dir(args)) / "checkpoints")

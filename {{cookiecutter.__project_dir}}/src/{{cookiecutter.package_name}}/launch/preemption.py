@@ -23,10 +23,6 @@ from ..parallel.process_group import start_all_reduce_max_cpu, wait_for
 from .status import stop_requested
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
-# What ``python -m <package>`` returns after a preemption when it runs alone (EX_TEMPFAIL: "try again").
-# Under torchrun the workers return 0, so torchrun neither restarts them nor reports a failure;
-# launch.sh returns this code instead.
-PREEMPTED_EXIT_CODE = 75
 
 
 class Preempted(Exception):

@@ -2,9 +2,10 @@
 
 launch.sh hands the folder to its launcher in ``LAUNCH_STATUS_DIR``; torchrun passes it on to the workers.
 
-- ``stop``: launch.sh writes it when it receives SIGTERM, SIGINT or SIGUSR1. The workers look for it at
-  every step, as they look at their own signal flag, so a signal that reaches launch.sh before the
-  workers exist, or while they are paused, is not lost.
+- ``stop``: launch.sh writes it when it receives SIGTERM, SIGINT or SIGUSR1, and so does the launcher when
+  the signal comes to the whole job. The workers look for it at every step, as they look at their own
+  signal flag, so a signal that reaches launch.sh before the workers exist, or while they are paused, is
+  not lost.
 - ``<attempt>-<rank>.json``: every worker writes one when it ends: finished, preempted (after the
   checkpoint), a user error (its one-line message) or a crash (its traceback), with its pid.
 
@@ -26,6 +27,10 @@ from ..parallel.environment import launched_by_torchrun
 STATUS_DIR_ENV = "LAUNCH_STATUS_DIR"
 STOP_FILE = "stop"
 FINISHED, PREEMPTED, USER_ERROR, CRASH = "finished", "preempted", "user_error", "crash"
+# What ``python -m <package>`` returns after a preemption when it runs alone (EX_TEMPFAIL: "try again").
+# Under torchrun the workers return 0, so torchrun neither restarts them nor reports a failure;
+# launch.sh returns this code instead.
+PREEMPTED_EXIT_CODE = 75
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,13 @@ def read_outcomes(directory: Path) -> list[Outcome]:
     """Every worker's outcome, in (attempt, rank) order."""
     outcomes = [Outcome(**json.loads(path.read_text(encoding="utf-8"))) for path in directory.glob("*.json")]
     return sorted(outcomes, key=lambda outcome: (outcome.attempt, outcome.rank))
+
+
+def request_stop(directory: Path, signal_name: str) -> None:
+    """Ask the workers to stop, naming the signal (e.g. ``SIGINT``), in one rename as launch.sh does."""
+    partial = directory / f".{STOP_FILE}.{os.getpid()}"
+    partial.write_text(f"{signal_name}\n", encoding="utf-8")
+    os.replace(partial, directory / STOP_FILE)
 
 
 def stop_requested() -> str | None:

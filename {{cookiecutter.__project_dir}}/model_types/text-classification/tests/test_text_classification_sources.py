@@ -114,9 +114,16 @@ def test_a_hub_dataset_folder_with_other_column_names(demo, tmp_path: Path) -> N
         (["data.hub_dataset=no/such-dataset"], "data.hub_dataset='no/such-dataset': cannot load it"),
     ],
 )
-def test_a_hub_dataset_that_does_not_fit_is_named(demo, tmp_path: Path, overrides, message: str) -> None:
+def test_a_hub_dataset_that_does_not_fit_is_named(
+    demo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, overrides, message: str
+) -> None:
     import datasets
+    import huggingface_hub
 
+    # Offline, as HF_HUB_OFFLINE=1 sets it: an unknown hub id then fails at once, where a machine without
+    # a route to the hub would wait out connection retries (23 s here).
+    for constants in (datasets.config, huggingface_hub.constants):
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     datasets.Dataset.from_list(demo_rows(demo)).save_to_disk(tmp_path / "saved")
     config = config_of(
         demo, tmp_path, f"data.hub_dataset={tmp_path / 'saved'}", "data.val_split=", *overrides

@@ -38,6 +38,7 @@ from pathlib import Path
 from ..config import ConfigError, load_config
 from ..config.constants import PACKAGE
 from ..parallel.environment import LIVENESS_STATE_FILE, Verdict, read_verdict
+from .joining_nodes import take_in_joining_nodes
 from .lifeline import PARENT_PID_ENV, tie_to_parent
 from .node_address import NodeAddressError, with_node_address
 from .status import (
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=pass_stop_signals_on, args=(status,), name="stop-signals", daemon=True).start()
     from torch.distributed.run import main as torchrun
 
+    take_in_joining_nodes(status, say)
     torchrun_log = status / "torchrun.log"
     _log_to(torchrun_log)  # after importing torch, which sets up loggers of its own
     watch = threading.Thread(

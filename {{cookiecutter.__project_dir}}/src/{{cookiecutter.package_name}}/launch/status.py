@@ -64,7 +64,7 @@ def tell_launcher(kind: str, message: str = "", detail: str = "") -> bool:
         time=time.time(),
         detail=detail,
     )
-    final = directory / f"{outcome.attempt}-{outcome.rank}.json"
+    final = outcome_path(directory, outcome.attempt, outcome.rank)
     partial = directory / f".{final.name}.{outcome.pid}"
     try:
         partial.write_text(json.dumps(asdict(outcome)), encoding="utf-8")
@@ -72,6 +72,10 @@ def tell_launcher(kind: str, message: str = "", detail: str = "") -> bool:
     except OSError:  # launch.sh is gone, and its folder with it: say it here instead
         return False
     return True
+
+
+def outcome_path(directory: Path, attempt: int, rank: int) -> Path:
+    return directory / f"{attempt}-{rank}.json"
 
 
 def read_outcomes(directory: Path) -> list[Outcome]:

@@ -167,16 +167,19 @@ def test_an_elastic_job_goes_on_alone_when_a_node_is_killed(demo, tmp_path: Path
         pytest.skip(reason)
     args = [*deterministic_overrides(demo, tmp_path), *RUN]
     reference = start_launch([*args, f"output_dir={tmp_path / 'reference'}"])  # side by side
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(KILL_NODE_AT_STEP)
+    sites = {0: tmp_path / "site0", 1: tmp_path / "site1"}
+    for site, hook in ((sites[0], WAIT_FOR_JOINING_NODE), (sites[1], KILL_NODE_AT_STEP)):
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(hook)
     output_dir = tmp_path / "elastic"
     with emulated_hosts(["host0", "host1"]) as hosts:
         nodes = []
         for node, host in enumerate(hosts):
             env = launch_env(1, NNODES="1:2", NODE_RANK=str(node), MASTER_ADDR="host0", RUN_ID="elastic")
-            if node == 1:
-                env.update(KILL_NODE_AT_STEP="6", PYTHONPATH=f"{site}{os.pathsep}{env['PYTHONPATH']}")
+            env["PYTHONPATH"] = f"{sites[node]}{os.pathsep}{env['PYTHONPATH']}"
+            # Node 1 may come after torchrun's last call on a busy machine: node 0 then waits for it (see
+            # WAIT_FOR_JOINING_NODE) rather than train alone or end before it comes.
+            env.update({0: {"WAIT_AT_STEP": "1"}, 1: {"KILL_NODE_AT_STEP": "6"}}[node])
             with (tmp_path / f"node{node}.log").open("w") as log:
                 command = host.command([str(PROJECT / "launch.sh"), *args, f"output_dir={output_dir}"])
                 nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -202,11 +205,13 @@ def read(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-# Node 0's worker, alone in the job, waits as its step WAIT_AT_STEP begins until torchrun stops it (to take
-# in the node that joined): the other node then joins a job that is training, however slow the machine.
+# Node 0's worker, alone in the job's first group, waits as its step WAIT_AT_STEP begins until torchrun stops
+# it (to take in the node that joined): the other node then joins a job that is training, however slow the
+# machine, and never one that has ended.
 WAIT_FOR_JOINING_NODE = """
 import os, time
-if os.environ.get("WAIT_AT_STEP") and os.environ.get("WORLD_SIZE") == "1":
+first_group = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # not a restart after a loss
+if os.environ.get("WAIT_AT_STEP") and os.environ.get("WORLD_SIZE") == "1" and first_group:
     from {{ cookiecutter.package_name }}.launch import preemption
     from {{ cookiecutter.package_name }}.loop import trainer
 

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -100,6 +101,13 @@ def start_launch(args: list[str], nproc: int = 2, **env: str) -> subprocess.Pope
         text=True,
         start_new_session=True,
     )
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a rendezvous or a store of a test's own."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:

@@ -7,14 +7,13 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT, final_weights, launch_env, run_launch, start_launch
+from conftest import PROJECT, final_weights, free_port, launch_env, run_launch, start_launch
 from safetensors.torch import load_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
@@ -116,12 +115,6 @@ def test_weights_after_sgd_steps_do_not_depend_on_world_size_or_accumulation(
     )  # training moved them
     for run in ("2x6", "3x4", "2x3x2"):
         assert_same_tensors(weights[run], weights["1x12"], run)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_two_nodes_end_with_the_same_weights_as_one_node(deterministic, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from conftest import (
     assert_checkpoint_at_stop,
     assert_resumed_from,
     assert_same_weights,
+    free_port,
     interrupted_run,
     launch_env,
     read_metrics,
@@ -162,12 +163,6 @@ def test_ctrl_c_stops_after_a_checkpoint_in_one_line(demo, reference: Path, tmp_
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert_resumed_from(checkpoint, resumed.stderr)
     assert_same_weights(reference, tmp_path)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_preempting_one_node_stops_every_node_with_75(demo, tmp_path: Path, reap) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -233,56 +232,3 @@ if os.environ.get("WAIT_AT_STEP") and os.environ.get("WORLD_SIZE") == "1" and fi
     preemption.PreemptionWatch._record = _record
     trainer.Trainer.optimizer_step = optimizer_step
 """
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.mark.slow
-@pytest.mark.ddp_guarantees
-def test_a_node_that_joins_a_running_elastic_job_is_taken_in(demo, tmp_path: Path) -> None:
-    """NNODES=1:2 on loopback: node 0 starts alone (after torchrun's 30 s last call) and trains; node 1
-    comes once the checkpoint of step 4 exists. torchrun stops node 0's workers after a checkpoint, and
-    both nodes go on from it and end with the weights of an uninterrupted 2-process run (the tolerance of
-    the world-size proofs). torch's rendezvous alone left the newcomer waiting 60 s for an address that
-    the first node published in its first round only, and then failed both."""
-    args = [*deterministic_overrides(demo, tmp_path), *RUN]
-    reference = start_launch([*args, f"output_dir={tmp_path / 'reference'}"])  # side by side
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(WAIT_FOR_JOINING_NODE)
-    output_dir = tmp_path / "elastic"
-    port = free_port()
-    rendezvous = {"NNODES": "1:2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RUN_ID": f"j{port}"}
-    waits = {"WAIT_AT_STEP": "5", "PYTHONPATH": f"{site}{os.pathsep}{PROJECT / 'src'}"}
-    nodes: list[subprocess.Popen] = []
-    try:
-        for node, extra in enumerate((waits, {})):
-            with (tmp_path / f"node{node}.log").open("w") as log:
-                env = launch_env(1, NODE_RANK=str(node), **rendezvous, **extra)
-                command = [str(PROJECT / "launch.sh"), *args, f"output_dir={output_dir}"]
-                nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
-            checkpoint = output_dir / "checkpoints" / "step-00000004.pt"
-            deadline = time.monotonic() + 300
-            while node == 0 and not checkpoint.exists() and nodes[0].poll() is None:
-                assert time.monotonic() < deadline, "node 0 wrote no checkpoint of step 4 in 300 s"
-                time.sleep(0.2)
-        codes = [process.wait(timeout=600) for process in nodes]
-    finally:
-        for process in nodes:
-            process.kill()
-    logs = [read(tmp_path / f"node{node}.log") for node in (0, 1)]
-    assert codes == [0, 0], "\n\n".join(log[-3000:] for log in logs)
-    assert "launch.sh: a node joined this elastic job" in logs[0], logs[0][-3000:]
-    resumed = re.search(r"resumed from \S+step-(\d+)\.pt", logs[0])
-    assert resumed is not None and int(resumed[1]) >= 4, logs[0][-3000:]
-    assert reference.wait(timeout=600) == 0, reference.communicate()[1][-4000:]
-    steps = [record["step"] for record in read_metrics(output_dir) if "loss" in record]
-    assert steps == [record["step"] for record in read_metrics(tmp_path / "reference") if "loss" in record]
-    joined, uninterrupted = final_weights(output_dir), final_weights(tmp_path / "reference")
-    assert joined.keys() == uninterrupted.keys()
-    worst = max((joined[key] - uninterrupted[key]).abs().max().item() for key in joined)
-    assert worst <= 1e-4, f"the job that took in a node differs by up to {worst:.2e}"

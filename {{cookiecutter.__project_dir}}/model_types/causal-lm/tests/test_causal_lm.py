@@ -95,6 +95,19 @@ def test_tokenizer_without_pad_token_pads_with_end_of_text(demo, tmp_path: Path)
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
 
 
+def test_batches_are_padded_to_a_multiple_of_8_within_the_block_size(demo, tmp_path: Path) -> None:
+    """Few batch widths: on CPU each new shape of a bf16 matmul keeps cached kernels for good (memory)."""
+    data = task.build_data(_config(demo, tmp_path, None, None, "data.max_length=20"), ENV)
+    widths = {
+        longest: data.collate([torch.arange(1, longest + 1), torch.tensor([7])])["input_ids"].shape[1]
+        for longest in (3, 8, 9, 17, 20)
+    }
+    assert widths == {3: 8, 8: 8, 9: 16, 17: 20, 20: 20}  # the block size, 20, caps the rounding
+    batch = data.collate([torch.tensor([5, 6, 7]), torch.tensor([8, 9])])
+    assert batch["labels"].tolist() == [[5, 6, 7, *[task.IGNORE_INDEX] * 5], [8, 9, *[task.IGNORE_INDEX] * 6]]
+    assert batch["attention_mask"].sum().item() == 5  # padding carries no attention and no loss
+
+
 def test_block_size_is_capped_by_the_model_context(demo, tmp_path: Path) -> None:
     assert recipe.block_size(_config(demo, tmp_path, None, None, "data.max_length=100000")) == 128
     assert recipe.block_size(_config(demo, tmp_path)) == 16

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import ON_THIS_MACHINE, read_metrics, run_launch
-from instruction_data import IGNORE, targets_of, task_data, write_rows
+from instruction_data import ENV, IGNORE, targets_of, task_data, write_rows
 from predict_helpers import predictions
 from test_equivalence import assert_same_tensors, float64_probe
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -18,6 +18,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 # One name per line (kept so by the trailing commas): the package name may be long.
 from {{ cookiecutter.package_name }}.config import (
     load_config,
+)
+from {{ cookiecutter.package_name }}.data.batch_plan import (
+    plan_batches,
 )
 from {{ cookiecutter.package_name }}.data.loader import (
     DataError,
@@ -42,6 +45,18 @@ def test_prompt_completion_trains_on_the_completion_and_its_end_only(demo, tmp_p
         assert sample[0].tolist() == [*prompt, *completion, tokenizer.eos_token_id]
         assert sample[1][: len(prompt)].tolist() == [IGNORE] * len(prompt)
         assert targets_of(sample) == [*completion, tokenizer.eos_token_id]
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_instruction_batches_are_random_unless_grouped_by_length(demo, tmp_path: Path, grouped: bool) -> None:
+    """Random batches by default (they learnt more per step in the bench); the lengths stay, for the
+    largest-batch check before the first step either way."""
+    extra = ["data.group_by_length=true"] if grouped else []
+    data = task_data(demo, tmp_path, "instructions-train.jsonl", *extra)
+    assert data.group_by_length is grouped
+    assert data.train_lengths is not None
+    plan = plan_batches(data, load_config([f"output_dir={tmp_path}", *ON_THIS_MACHINE]), ENV)
+    assert (plan.sampler.lengths is not None) is grouped
 
 
 def test_chat_trains_on_the_assistant_turns_only(demo, tmp_path: Path) -> None:

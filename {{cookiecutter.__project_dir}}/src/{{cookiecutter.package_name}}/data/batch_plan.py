@@ -38,7 +38,7 @@ def plan_batches(data: TaskData, config: Config, env: DistEnv) -> BatchPlan:
         env,
         config.seed,
         global_batch=global_batch,
-        lengths=data.train_lengths,
+        lengths=data.train_lengths if data.group_by_length else None,
     )
     if not sampler.total_size:
         raise DataError(

@@ -62,6 +62,9 @@ class TaskData:
     # Sample lengths, to batch samples of similar length together (less padding); None: random batches.
     train_lengths: Sequence[int] | torch.Tensor | None = None
     val_lengths: Sequence[int] | torch.Tensor | None = None
+    # False: random training batches even with train_lengths, which then serve only the largest-batch
+    # check before the first step (loop/longest_batch.py).
+    group_by_length: bool = True
     # True when __getitem__ draws augmentations from the DataLoader workers' seed, which is new each
     # epoch only if the workers are: such data gets no persistent workers.
     reseeds_workers: bool = False

@@ -25,6 +25,9 @@ class DataSettings(HubDataSettings):
     """Tokens per sample, capped by the model's own limit."""
     preprocessing_processes: int = 0
     """Processes that tokenize and pack the data (once per filesystem); 0: every CPU core it may use."""
+    group_by_length: bool = False
+    """Training batches of instruction samples of similar length, in random order: less padding, but
+    less learnt per step (the bench's LoRA instruction tuning)."""
     padding_free: PaddingFree = PaddingFree.auto
     """Instruction samples of a micro-batch in one row, no padding (checked at start to stay apart):
     auto with flash attention only, always, or never."""

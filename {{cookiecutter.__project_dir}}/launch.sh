@@ -21,6 +21,8 @@
 # Exit codes: 0 finished; 75 stopped for preemption after a checkpoint (SIGTERM, SIGUSR1 or Ctrl-C, to this
 # script or to every process of the job; on every node); 1 an error, in one short message.
 set -euo pipefail
+# When this launch began, for the workers' start-up line (observe/phases.py); bash 5 reads it without a fork.
+export LAUNCH_STARTED="${EPOCHREALTIME:-}"
 
 readonly RENDERED_GPUS_PER_NODE={{ cookiecutter.gpus_per_node | int }}
 readonly RENDERED_NUM_NODES={{ cookiecutter.num_nodes | int }}

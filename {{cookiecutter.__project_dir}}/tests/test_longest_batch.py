@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -125,6 +126,13 @@ def test_the_forward_did_change_what_the_check_restores() -> None:
 def test_data_without_lengths_is_left_alone() -> None:
     model = Toy()
     try_longest_batch(state_of(model), data(lengths=False), TASK, 4, ENV, Precision.fp32)
+    assert model.shapes == []
+
+
+def test_data_of_one_length_is_left_alone_since_its_first_step_is_that_batch() -> None:
+    model = Toy()
+    one_length = dataclasses.replace(data(), train_lengths=[5] * len(SAMPLES))
+    try_longest_batch(state_of(model), one_length, TASK, 4, ENV, Precision.fp32)
     assert model.shapes == []
 
 

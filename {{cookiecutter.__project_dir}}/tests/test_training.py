@@ -125,6 +125,8 @@ def test_progress_bar_on_rank_0_with_loss_lr_and_throughput(demo, tmp_path: Path
     assert "[rank 1]" not in output  # the other rank is quiet
     eval_lines = [line for line in output.splitlines() if " eval " in line]
     assert len(eval_lines) == 1 and "eval_loss=" in eval_lines[0]  # one clean line per evaluation
+    ends = [line for line in output.splitlines() if "wall time: launcher " in line]  # observe/phases.py
+    assert len(ends) == 1 and "longest-batch probe" in ends[0] and "last checkpoint" in ends[0], ends
 
 
 @pytest.mark.shared_core

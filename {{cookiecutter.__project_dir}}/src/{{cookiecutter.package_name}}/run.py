@@ -18,6 +18,7 @@ from .launch.status import FINISHED, PREEMPTED, PREEMPTED_EXIT_CODE, USER_ERROR,
 from .loop.trainer import Trainer
 from .model_type.task import TASK
 from .observe.log import log, setup_logging
+from .observe.phases import phases
 from .parallel import liveness, stuck_ranks
 from .parallel.checkpoint import CheckpointError, describe_newest
 from .parallel.elastic import keep_global_batch
@@ -30,10 +31,12 @@ USER_ERRORS = (ConfigError, DataError, CheckpointError)
 
 @record  # under a torchrun of your own, an unexpected exception's traceback is reported as the root cause
 def run(config: Config) -> int:
+    phases.mark("python and imports")
     try:
         preemption = PreemptionWatch()
         with distributed(config.distributed) as env:
             setup_logging(env, config.log_level)
+            phases.mark("process group")
             config = keep_global_batch(config, env.world_size)  # an elastic job on fewer nodes
             checkpoints = Path(config.output_dir) / "checkpoints"
             liveness.start(

@@ -31,10 +31,14 @@ def try_longest_batch(
     state: TrainingState, data: TaskData, task: Task, batch_size: int, env: DistEnv, precision: Precision
 ) -> None:
     """One forward and backward of this rank's largest possible micro-batch, on every rank (DDP reduces
-    the gradients as in a real step). Data without lengths has micro-batches of one size: nothing to do."""
+    the gradients as in a real step). Data without lengths, or of one length (packed blocks, text cut to
+    data.max_length), has micro-batches of one size: the first step is that batch, and nothing is done."""
     if data.train_lengths is None:
         return
-    indices = longest_samples(data.train_lengths, batch_size)
+    lengths = torch.as_tensor(data.train_lengths)
+    if lengths.numel() == 0 or bool((lengths == lengths[0]).all()):
+        return
+    indices = longest_samples(lengths, batch_size)
     batch = to_device(data.collate([data.train[i] for i in indices]), env.device)
     generators = capture_rng_state()  # dropout draws from them
     buffers = {name: buffer.detach().clone() for name, buffer in state.module.named_buffers()}
@@ -43,7 +47,7 @@ def try_longest_batch(
             loss = task.loss_sum(state.model, batch)
         loss.backward()
     except torch.OutOfMemoryError:
-        longest = max(int(data.train_lengths[i]) for i in indices)
+        longest = int(lengths[indices].max())
         raise ConfigError(
             f"data.batch_size: {batch_size} samples of {longest} tokens (the longest in the training data) "
             "do not fit in memory; lower data.batch_size (raising train.grad_accum_steps keeps the global "

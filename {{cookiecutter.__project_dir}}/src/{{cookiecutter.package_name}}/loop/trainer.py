@@ -3,7 +3,6 @@ and FSDP2, whose differences sit behind ``Parallel`` (parallel/strategy.py)."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import Iterator
 
@@ -18,6 +17,7 @@ from ..launch.preemption import Preempted, PreemptionWatch
 from ..observe.log import log
 from ..observe.memory import peak_memory
 from ..observe.metrics import MetricsWriter
+from ..observe.phases import TRAINING, phases
 from ..observe.throughput import Throughput, device_peak_flops, training_flops_per_token
 from ..observe.trackers import NoTracker, open_tracker
 from ..parallel.checkpoint import Checkpointer
@@ -25,10 +25,10 @@ from ..parallel.ddp import compile_model, sync_state_buffers
 from ..parallel.process_group import DistEnv, all_reduce_sum, all_reduce_sum_cpu, barrier, broadcast_object
 from ..parallel.rng import seed_everything
 from ..parallel.strategy import build_parallel
-from ..task.lora import save_final
 from ..task.spec import Task, count_samples, dataset_size
 from .checkpoint_clock import CheckpointClock
 from .evaluation import evaluate
+from .final import write_final
 from .generations import SampleWriter
 from .longest_batch import try_longest_batch
 from .nonfinite import NonFiniteGuard
@@ -52,9 +52,11 @@ class Trainer:
         seed_everything(config.seed)
         self.data = task.build_data(config, env)
         self.plan = plan_batches(self.data, config, env)
+        phases.mark("data")
         self.precision = training_precision(config.train.precision, env)
         with download_first(config.model.pretrained, env):
             model = task.build_model(config, self.data)
+        phases.mark("model")
         self.parallel = build_parallel(config.distributed, env, self.precision)
         self.state = build_training_state(model, config, env, self.plan.total_steps, self.parallel)
         layout, keep_last = self.parallel.checkpoint_layout(config.checkpoint), config.checkpoint.keep_last
@@ -83,6 +85,7 @@ class Trainer:
         flops_per_token = training_flops_per_token(model) if peak_flops else 0.0
         self.throughput = Throughput(flops_per_token, peak_flops)
         self.bar = tqdm(disable=True)  # replaced by fit()'s progress bar
+        phases.mark("training state")
 
     def fit(self) -> dict[str, float]:
         """Train to the end (or ``train.max_steps``), save ``final/``, return the last eval metrics."""
@@ -106,13 +109,19 @@ class Trainer:
         outcome = "failed"
         try:
             try_longest_batch(self.state, self.data, self.task, data.batch_size, self.env, self.precision)
+            phases.mark("longest-batch probe")
             self.train_to_the_end()
             sync_state_buffers(self.state.model, self.env.world_size)
             if self.plan.val_loader is not None and self.last_eval.get("step") != self.state.progress.step:
                 self.evaluate()
+            phases.mark(TRAINING)
             self.verify_replicas()
-            self.save_final()
+            phases.mark("replica check")
+            write_final(self.output_dir, self.state.model, self.parallel, self.task, self.data, self.env)
+            phases.mark("final/")
             self.checkpointer.wait()  # the last checkpoint, when written in the background
+            phases.mark("last checkpoint")
+            log.info(phases.summary())
             outcome = "finished"
         except Preempted:
             outcome = "preempted"
@@ -284,17 +293,3 @@ class Trainer:
     def verify_replicas(self) -> None:
         """Before final/ is saved: the ranks hold what they should (replicas, or shards of one model)."""
         log.info(self.parallel.verify(self.state.model))
-
-    def save_final(self) -> None:
-        """``final/``: the fine-tuned model alone, replaced as a whole so it is never half-written."""
-        with self.parallel.full_model(self.state.model) as module:  # gathered on rank 0 under FSDP2
-            if module is not None and self.env.is_main:
-                final = self.output_dir / "final"
-                partial = self.output_dir / ".final.partial"
-                shutil.rmtree(partial, ignore_errors=True)
-                partial.mkdir(parents=True)
-                save_final(self.task, module, self.data, partial)  # LoRA: merged, and the adapter
-                shutil.rmtree(final, ignore_errors=True)
-                partial.rename(final)
-                log.info(f"fine-tuned model saved: {final}")
-        barrier()  # no rank reports success before the model is on disk

@@ -8,6 +8,7 @@ as training time; the project's checkpoints do, as the cost of its fault toleran
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,23 @@ def project_timeline(metrics_file: Path) -> Timeline:
         else:
             steps[record["step"]] = record["time"]
     return Timeline(steps, evals)
+
+
+PHASE = re.compile(r"(.+?) (-?\d+\.\d+)(?: s)?")
+
+
+def project_phases(log_text: str) -> dict[str, float]:
+    """The project's last "wall time: ..." line (observe/phases.py) as {phase: seconds}, in its order;
+    the start-up and end totals are left out (their phases are in)."""
+    lines = [line for line in log_text.splitlines() if "wall time: " in line]
+    if not lines:
+        return {}
+    found = {}
+    for part in re.split(r"[;(),]", lines[-1].split("wall time: ", 1)[1]):
+        match = PHASE.fullmatch(part.strip())
+        if match and match[1] not in ("start-up", "end"):
+            found[match[1]] = float(match[2])
+    return found
 
 
 def runner_timeline(timeline_file: Path) -> Timeline:

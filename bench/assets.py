@@ -72,10 +72,20 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
 
 
-def build_classifier(directory: Path, demo: ModuleType, hidden: int, layers: int, max_length: int) -> Path:
+def build_classifier(
+    directory: Path, demo: ModuleType, hidden: int, layers: int, max_length: int, vocab_size: int = 0
+) -> Path:
+    """The demo's BERT at this size; ``vocab_size`` > 0 grows its embeddings to a real checkpoint's
+    vocabulary (the rows past the tokenizer's are never looked up, but are trained and saved)."""
     filler, keywords = vocabulary()
     tokenizer = demo.build_tokenizer(filler + [w for ws in keywords.values() for w in ws], max_length)
     demo.save_tiny_bert(tokenizer, directory, hidden=hidden, layers=layers, intermediate=4 * hidden)
+    if vocab_size:
+        from transformers import AutoModelForMaskedLM
+
+        model = AutoModelForMaskedLM.from_pretrained(directory)
+        model.resize_token_embeddings(vocab_size)
+        model.save_pretrained(directory)
     return directory
 
 

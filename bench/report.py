@@ -111,6 +111,32 @@ def steps_table(runs: list[dict], workload: Any, runners: list[str]) -> list[str
     return lines
 
 
+def phases_table(runs: list[dict], workloads: list[Any]) -> list[str]:
+    """Where the project's wall time goes outside its steps, per workload: the median of each phase over
+    the default row's runs (observe/phases.py), beside the plain loop's launch to first step and wall."""
+    rows = {}
+    for workload in workloads:
+        found = [
+            r["phases"]
+            for r in runs
+            if r["workload"] == workload.name and r["runner"] == "project" and r.get("phases")
+        ]
+        if found:
+            rows[workload.name] = {name: median([p[name] for p in found if name in p]) for name in found[0]}
+    if not rows:
+        return []
+    names = list(next(iter(rows.values())))
+    lines = [
+        "| workload | " + " | ".join(names) + " | plain loop: first step | plain loop: wall |",
+        "|" + " --- |" * (len(names) + 3),
+    ]
+    for name, phases in rows.items():
+        plain = [_median(by_seed(runs, name, "plain", key)) for key in ("first_step_s", "wall_s")]
+        cells = [_cell(phases.get(phase), 2) for phase in names] + [_cell(value, 2) for value in plain]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(
     runs: list[dict], workloads: list[Any], runners: list[str], about: dict[str, Any], rounds: int
 ) -> str:
@@ -147,4 +173,8 @@ def markdown(
         ]
         table = steps_table if workload.target else workload_table
         out += ["", f"## {workload.title}", "", *table(runs, workload, present)]
+    phases = phases_table(runs, workloads)
+    if phases:
+        title = "## Start-up and shut-down: the generated project's phases, median seconds"
+        out += ["", title, "", *phases]
     return "\n".join(out) + "\n"

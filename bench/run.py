@@ -81,6 +81,13 @@ def measure_run(job, timeline, workload, epoch_steps: int, tokens_per_sample: fl
     return result
 
 
+def phases_of(log: Path, wall_s: float) -> dict:
+    """The project's start-up and shut-down phases, and "exit": the rest of the wall time (the workers'
+    and the launcher's exit after the last phase)."""
+    phases = analysis.project_phases(log.read_text(errors="replace"))
+    return {"phases": phases | {"exit": wall_s - sum(phases.values())}} if phases else {}
+
+
 @dataclass
 class Bench:
     """What every run of one bench shares."""
@@ -118,6 +125,8 @@ def run_seed(bench: Bench, workload, runners: list[str], round_: int, seed: int)
         result = {"round": round_, "seed": seed, "workload": workload.name, "runner": runner}
         result |= {"log": str(directory), "load_before": load}
         result |= measure_run(job, timeline, workload, epoch_steps, tokens_per_sample)
+        if runs.RUNNERS[runner].is_project and result.get("wall_s"):
+            result |= phases_of(directory / "log.txt", result["wall_s"])
         timelines[runner] = (job, timeline)
         results.append(result)
         report_progress(result, job, directory)

@@ -53,6 +53,12 @@ RUNNERS = {
         overrides=("data.group_by_length=false",),
         workloads=frozenset({"variable", "steps"}),
     ),
+    "project-grouped": Runner(
+        "project, data.group_by_length=true",
+        peer=False,
+        overrides=("data.group_by_length=true",),
+        workloads=frozenset({"sft"}),
+    ),
     "project-workers": Runner(
         "project, data.num_workers=2",
         peer=False,

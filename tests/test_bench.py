@@ -21,6 +21,7 @@ import analysis  # noqa: E402
 import former_layout  # noqa: E402
 import measure  # noqa: E402
 import provenance  # noqa: E402
+import run as bench_run  # noqa: E402
 import runs  # noqa: E402
 import targets  # noqa: E402
 from workloads import WORKLOADS  # noqa: E402
@@ -65,6 +66,63 @@ def test_project_timeline_reads_metrics_jsonl(tmp_path: Path) -> None:
     assert line.steps == {1: 10.0, 4: 13.0, 8: 19.0}
     assert line.evals == [{**records[2], "start": 13.0, "end": 15.0}]
     assert analysis.evaluation_time(line, 0, 8) == pytest.approx(2.0)
+
+
+def test_the_projects_phase_line_is_read_into_seconds_and_the_rest_of_the_wall_is_exit(
+    tmp_path: Path,
+) -> None:
+    line = (
+        "12:00:01 wall time: launcher 1.50 s; start-up 4.25 s (python and imports 3.00, process group 0.25, "
+        "longest-batch probe 1.00); training 10.00 s; end 0.75 s (final/ 0.50, last checkpoint 0.25)"
+    )
+    log = tmp_path / "log.txt"
+    log.write_text(f"12:00:00 wall time: launcher 9.00 s\n{line}\n12:00:02 done\n")  # the last line counts
+    phases = analysis.project_phases(log.read_text())
+    assert phases == {
+        "launcher": 1.5,
+        "python and imports": 3.0,
+        "process group": 0.25,
+        "longest-batch probe": 1.0,
+        "training": 10.0,
+        "final/": 0.5,
+        "last checkpoint": 0.25,
+    }
+    assert bench_run.phases_of(log, wall_s=17.0)["phases"]["exit"] == pytest.approx(0.5)
+    assert analysis.project_phases("no such line") == {}
+
+
+def test_every_workload_with_a_reference_is_held_to_a_target() -> None:
+    """(c) and (f) by samples/s, (f) by loss (medians over seeds), time to target and memory, (g) by wall."""
+
+    def result(workload: str, runner: str, seed: int, **values: float | None) -> dict:
+        return {"round": 0, "seed": seed, "workload": workload, "runner": runner, **values}
+
+    runs = [
+        result("causal", "project", 1, samples_per_s=99.0),
+        result("causal", "plain", 1, samples_per_s=100.0),
+    ]
+    runs += [result("short", "project", s, wall_s=w) for s, w in ((1, 10.6), (2, 11.0), (3, 10.0))]
+    runs += [result("short", "plain", s, wall_s=10.0) for s in (1, 2, 3)]
+    finals = [(1.0, 1.0), (1.2, 1.0), (1.02, 1.0), (0.9, 1.0), (5.0, 1.0)]  # medians 1.02 and 1.0
+    for seed, (mine, theirs) in enumerate(finals):
+        reached = None if seed == 4 else 8.0  # a miss counts as never, not as a seed left out
+        runs += [
+            result("sft", "project", seed, final_metric=mine, samples_per_s=120.0, rss0=800.0)
+            | {"target": theirs, "time_to_target_s": reached},
+            result("sft", "trainer", seed, final_metric=theirs, samples_per_s=100.0, rss0=1000.0)
+            | {"target": theirs, "time_to_target_s": 10.0},
+        ]
+    lines = [text for text, ok in targets.targets(runs, ["causal", "short", "sft"], "fp32") if ok is not None]
+
+    def verdict(start: str) -> str:
+        return next(text for text in lines if text[6:].startswith(start))[:4]
+
+    assert verdict("(c) steady-state samples/s") == "PASS"  # 0.99
+    assert verdict("(g) a short job's wall time") == "MISS"  # the median of 1.06, 1.10 and 1.00
+    assert verdict("(f) samples/s") == "PASS"  # 1.2
+    assert verdict("(f) final eval loss") == "MISS"  # 1.02, though the project won 2 of 5 seeds
+    assert verdict("(f) time to the Trainer's final eval loss") == "PASS"  # 0.8, 0.8, 0.8, 0.8, never
+    assert verdict("(f) peak RSS of rank 0") == "PASS"  # 0.8
 
 
 def test_paired_values_use_the_rounds_both_have() -> None:

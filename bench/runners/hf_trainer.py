@@ -84,6 +84,9 @@ def main() -> None:
         train_sampling_strategy="group_by_length" if spec.get("grouped") else "random",
     )
     timeline = common.Timeline(spec)
+    # As transformers' examples do (set_seed before from_pretrained): the new head or LoRA adapters are
+    # drawn from the run's seed, as the project's are, not from torch's default seed in every round.
+    common.seed_all(spec["seed"])
     trainer = Trainer(
         model=common.build_model(spec, labels),
         args=arguments,

@@ -15,7 +15,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from .config import ConfigError, load_config
 from .launch.errors import report_error
-from .launch.lifeline import expected_parent, tie_to_parent
+from .launch.lifeline import exit_at_once, expected_parent, tie_to_parent
 from .launch.preflight import check
 from .parallel.environment import launched_by_torchrun
 
@@ -50,21 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     return run(config) or 0  # torchrun's @record types the result as optional
 
 
-def exit_worker(code: int) -> None:
-    """End a torchrun worker once its work is done and reported: output flushed, logs closed, then out
-    without the interpreter's teardown. The process group is already destroyed, but gloo's threads can
-    still be torn down in the wrong order at exit ("terminate called without an active exception"), which
-    turned a finished run's exit code 0 into a crash report on a busy machine."""
-    import logging
-
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
     code = main()
     if launched_by_torchrun():
-        exit_worker(code)
+        exit_at_once(code)
     sys.exit(code)

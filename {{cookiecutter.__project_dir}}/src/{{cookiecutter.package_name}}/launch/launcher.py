@@ -39,7 +39,7 @@ from ..config import ConfigError, load_config
 from ..config.constants import PACKAGE
 from ..parallel.environment import LIVENESS_STATE_FILE, Verdict, read_verdict
 from .joining_nodes import take_in_joining_nodes
-from .lifeline import PARENT_PID_ENV, tie_to_parent
+from .lifeline import PARENT_PID_ENV, exit_at_once, tie_to_parent
 from .node_address import NodeAddressError, with_node_address
 from .status import (
     CRASH,
@@ -259,4 +259,4 @@ def _to_stderr(logger: logging.Logger) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_at_once(main())

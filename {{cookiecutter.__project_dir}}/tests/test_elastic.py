@@ -159,9 +159,10 @@ RUN = ["train.max_steps=8", "checkpoint.every_steps=4", "train.log_every_steps=1
 @pytest.mark.slow
 @pytest.mark.ddp_guarantees
 def test_an_elastic_job_goes_on_alone_when_a_node_is_killed(demo, tmp_path: Path) -> None:
-    """NNODES=1:2 on 2 emulated hosts x 1 process; every process of node 1 killed as step 6 begins: node 0
-    continues by itself from the checkpoint of step 4 and ends with the weights of an uninterrupted
-    2-process run, within the tolerance of the world-size proofs (the float sums run in another order)."""
+    """NNODES=1:2 on 2 emulated hosts x 1 process. Node 1 comes once node 0 trains alone and is taken in;
+    every process of node 1 is killed as its step 6 begins: node 0 continues by itself from the checkpoint
+    of step 4 and ends with the weights of an uninterrupted 2-process run, within the tolerance of the
+    world-size proofs (the float sums run in another order)."""
     if reason := unavailable():
         pytest.skip(reason)
     args = [*deterministic_overrides(demo, tmp_path), *RUN]
@@ -176,15 +177,25 @@ def test_an_elastic_job_goes_on_alone_when_a_node_is_killed(demo, tmp_path: Path
         for node, host in enumerate(hosts):
             env = launch_env(1, NNODES="1:2", NODE_RANK=str(node), MASTER_ADDR="host0", RUN_ID="elastic")
             env["PYTHONPATH"] = f"{sites[node]}{os.pathsep}{env['PYTHONPATH']}"
-            # Node 1 may come after torchrun's last call on a busy machine: node 0 then waits for it (see
-            # WAIT_FOR_JOINING_NODE) rather than train alone or end before it comes.
+            # Node 0 holds its first step until torchrun stops it to take in node 1 (WAIT_FOR_JOINING_NODE).
             env.update({0: {"WAIT_AT_STEP": "1"}, 1: {"KILL_NODE_AT_STEP": "6"}}[node])
+            if node == 1:  # after torchrun's last call: a node joining a running job
+                await_line(nodes[0], tmp_path / "node0.log", "training 8 steps on 1 process(es)")
             with (tmp_path / f"node{node}.log").open("w") as log:
                 command = host.command([str(PROJECT / "launch.sh"), *args, f"output_dir={output_dir}"])
                 nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
-        killed = nodes[1].wait(timeout=600)
-        code = nodes[0].wait(timeout=600)
+        try:
+            killed = nodes[1].wait(timeout=600)
+            code = nodes[0].wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            for process in nodes:
+                process.kill()
+            logs = "\n".join(
+                f"node{index}.log:\n{read(tmp_path / f'node{index}.log')[-3000:]}" for index in (0, 1)
+            )
+            raise AssertionError(f"the elastic job did not end in 10 minutes\n{logs}") from None
     log = read(tmp_path / "node0.log")
+    assert "launch.sh: a node joined this elastic job" in log, log[-4000:]
     assert killed == -signal.SIGKILL, read(tmp_path / "node1.log")[-4000:]
     assert code == 0, log[-4000:]
     assert reference.wait(timeout=600) == 0, reference.communicate()[1][-4000:]
@@ -204,9 +215,19 @@ def read(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
+def await_line(node: subprocess.Popen, log: Path, line: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in read(log):
+        assert node.poll() is None, f"node 0 ended before it trained alone:\n{read(log)[-4000:]}"
+        assert time.monotonic() < deadline, (
+            f"node 0 did not train alone in {timeout:.0f} s:\n{read(log)[-3000:]}"
+        )
+        time.sleep(0.2)
+
+
 # Node 0's worker, alone in the job's first group, waits as its step WAIT_AT_STEP begins until torchrun stops
-# it (to take in the node that joined): the other node then joins a job that is training, however slow the
-# machine, and never one that has ended.
+# it (to take in the node that joined): the other node, started once node 0 trains alone, then joins a job
+# that is training, however slow the machine, and never one that has ended.
 WAIT_FOR_JOINING_NODE = """
 import os, time
 first_group = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"  # not a restart after a loss

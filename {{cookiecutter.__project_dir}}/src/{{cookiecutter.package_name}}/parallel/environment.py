@@ -14,6 +14,11 @@ def launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "WORLD_SIZE" in os.environ
 
 
+# A name for the workers' rendezvous round, the same on every node (launch/joining_nodes.py sets it per
+# round): the prefix of the keys they publish in torchrun's store, which outlives the round.
+WORKER_ROUND_ENV = "LAUNCH_WORKER_ROUND"
+
+
 def restart_attempt() -> int:
     """torchrun's restart count: 0 for the first group of workers, 1 after the first restart, ..."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import Backend, ConfigError, Device, DistributedConfig
-from .environment import launched_by_torchrun
+from .environment import WORKER_ROUND_ENV, launched_by_torchrun, restart_attempt
 
 # A gloo group for small control messages (preemption flags) when the main backend is nccl, so they
 # never wait for the GPU stream; None means the default group serves.
@@ -84,7 +84,7 @@ def distributed(config: DistributedConfig) -> Iterator[DistEnv]:
             backend=config.backend.value,
             timeout=timeout,
             device_id=device if device.type == "cuda" else None,
-            **_store_for_this_attempt(rank, world_size, timeout),
+            **_store_for_this_round(rank, world_size, timeout),
         )
         global _cpu_group
         _cpu_group = dist.new_group(backend="gloo") if config.backend is not Backend.gloo else None
@@ -119,11 +119,15 @@ def gloo_follows_nccl_interface(
             return
 
 
-def _store_for_this_attempt(rank: int, world_size: int, timeout: timedelta) -> dict[str, Any]:
-    """Rendezvous keys of this restart attempt only.
+def _store_for_this_round(rank: int, world_size: int, timeout: timedelta) -> dict[str, Any]:
+    """Rendezvous keys of this round of workers only.
 
-    torchrun keeps its store across elastic restarts, so without a prefix a restarted rank can read the
-    address a dead rank published in the failed attempt, and its connection then times out.
+    torchrun keeps its store across the rounds of a job, so without a prefix a started rank can read the
+    address a stopped or dead rank published in an earlier round, and its connection then fails. The
+    restart count is no name for the round: it stays when torchrun stops healthy workers to take in a
+    joining node, and it differs between nodes when one node's workers failed and another's were stopped,
+    whose workers would then wait for each other under different prefixes until the timeout. launch.sh's
+    launcher names each round alike on every node; torchrun started without it, the restart count.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return {}  # another launcher (or none): the default env:// rendezvous
@@ -134,8 +138,8 @@ def _store_for_this_attempt(rank: int, world_size: int, timeout: timedelta) -> d
         is_master=False,
         timeout=timeout,
     )
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return {"store": dist.PrefixStore(f"attempt-{attempt}", store), "rank": rank, "world_size": world_size}
+    name = os.environ.get(WORKER_ROUND_ENV) or f"attempt-{restart_attempt()}"
+    return {"store": dist.PrefixStore(name, store), "rank": rank, "world_size": world_size}
 
 
 def is_distributed() -> bool:
@@ -143,7 +147,7 @@ def is_distributed() -> bool:
 
 
 def control_store() -> dist.Store | None:
-    """The process group's key-value store (this restart attempt's own, see above), or None alone.
+    """The process group's key-value store (this round's own, see above), or None alone.
 
     For waits that may last longer than ``distributed.timeout_s`` (preprocessing): polling a key is no
     collective, so the process group's timeout does not end it.

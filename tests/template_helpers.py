@@ -25,7 +25,13 @@ SHELLCHECK = str(VENV_BIN / "shellcheck")
 GPUS_PER_NODE = ("0", "1", "8")
 BACKENDS = ("nccl", "gloo")
 PRECISIONS = ("bf16", "fp16", "fp32")
-MODEL_TYPES = ("text-classification", "causal-lm", "image-classification", "custom", "token-classification")
+MODEL_TYPES = (
+    "text-classification",
+    "causal-lm",
+    "image-classification",
+    "custom",
+    "token-classification",
+)
 DEFAULT_PRETRAINED = {
     "text-classification": "distilbert/distilbert-base-uncased",
     "causal-lm": "openai-community/gpt2",

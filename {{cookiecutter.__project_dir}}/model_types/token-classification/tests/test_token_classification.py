@@ -86,6 +86,7 @@ NOT_LIST = "must be a list of strings"
         ([GOOD, {"tokens": ["a", 5], "tags": ["O", "O"]}], None, f"train.jsonl:2: field 'tokens' {NOT_LIST}"),
         ([GOOD, {"tokens": "a b", "tags": ["O", "O"]}], None, f"train.jsonl:2: field 'tokens' {NOT_LIST}"),
         ([GOOD, {"tokens": ["a"], "tags": [1]}], None, f"train.jsonl:2: field 'tags' {NOT_LIST}"),
+        ([{"tokens": "a b", "tags": "O O"}], None, f"train.jsonl:1: field 'tokens' {NOT_LIST}"),
         ([GOOD, {"tokens": ["a"], "tags": None}], None, f"train.jsonl:2: field 'tags' {NOT_LIST}"),
         ([GOOD, {"tokens": ["a"], "tags": ["PER"]}], None, "train.jsonl:2: tag 'PER' is not O, or B-, I-,"),
         ([GOOD], [GOOD, {"tokens": ["a"], "tags": ["B-Y"]}], "val.jsonl:2: tag 'B-Y' never appears in"),

@@ -9,6 +9,7 @@ the words and the tags are written separated by spaces. A hub dataset's tags may
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -39,10 +40,15 @@ def named_class_ids(column: pa.ChunkedArray, names: list[str]) -> pa.ChunkedArra
     return pa.chunked_array(chunks, type=pa.list_(pa.string()))
 
 
+def holds_json(source: Source) -> bool:
+    """A JSON (Lines) file, which holds lists as lists: a string there is a mistake, not words."""
+    return Path(source.path).suffix.lower() in (".json", ".jsonl")
+
+
 def string_lists(dataset: datasets.Dataset, source: Source, field: str) -> pa.ChunkedArray:
     """Column ``field`` as lists of strings, or a DataError naming the first record where it is not."""
     column, item = dataset.data.column(field), list_feature(dataset, field)
-    if is_string_column(dataset, field):  # CSV: words separated by spaces
+    if is_string_column(dataset, field) and not holds_json(source):  # CSV: words separated by spaces
         return pc.utf8_split_whitespace(column)
     strings = isinstance(item, datasets.Value) and item.dtype in ("string", "large_string")
     if strings and not column.null_count and not pc.list_flatten(column).null_count:
@@ -51,7 +57,7 @@ def string_lists(dataset: datasets.Dataset, source: Source, field: str) -> pa.Ch
         return named_class_ids(column, list(item.names))
     found = first_row(dataset, field, lambda value: not is_string_list(value))
     row, value = found if found is not None else (0, dataset[0][field])
-    hint = "" if source.is_json_lines else " (in a CSV cell: the items separated by spaces)"
+    hint = "" if holds_json(source) else " (in a CSV cell: the items separated by spaces)"
     raise DataError(
         f"{source.where(row)}: field {field!r} must be a list of strings{hint}, got {short(value)}"
     )

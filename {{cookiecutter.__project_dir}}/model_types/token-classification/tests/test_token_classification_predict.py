@@ -10,9 +10,20 @@ import torch
 from predict_helpers import prediction_error, predictions, run_predict
 from tagging_data import write_rows
 
+from {{ cookiecutter.package_name }}.config import (
+    LoraConfig,
+)
+from {{ cookiecutter.package_name }}.model_type import task
+from {{ cookiecutter.package_name }}.task import lora
 from {{ cookiecutter.package_name }}.task.hugging_face import (
     load_classifier,
     save_pretrained,
+)
+from {{ cookiecutter.package_name }}.task.lora import (
+    add_adapters,
+)
+from {{ cookiecutter.package_name }}.task.spec import (
+    TaskData,
 )
 
 TAGS = ["B-LOC", "B-PER", "I-PER", "O"]
@@ -47,6 +58,28 @@ def test_predict_writes_the_tokens_and_a_tag_per_word_in_order(tagger: Path, tmp
     inputs = Path(write_rows(tmp_path / "inputs.jsonl", rows))
     for batch_size in ("1", "2", "32"):  # batches are grouped by length: they run in another order
         assert predictions(tagger, inputs, output, "--batch-size", batch_size) == alone
+
+
+def test_an_adapter_folder_predicts_as_the_merged_final(demo, tagger: Path, tmp_path: Path) -> None:
+    """``final/adapter/`` (peft's adapter and the trained head, beside the tagger's config) loads on its
+    base checkpoint with the tagger's own number of tags, and tags as the merged ``final/`` does."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    model = AutoModelForTokenClassification.from_pretrained(tagger)
+    adapted = add_adapters(model, LoraConfig(r=4, dropout=0.0), seed=0)
+    data = TaskData(train=[], val=None, collate=list, label_names=TAGS)
+    data.preprocessor = AutoTokenizer.from_pretrained(tagger)
+    with torch.no_grad():  # adapters that change the logits: their zero-initialised B made non-zero
+        for name, parameter in adapted.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.5)
+    final = tmp_path / "final"
+    adapted.peft_config["default"].base_model_name_or_path = str(demo[0] / "model")
+    lora.save_final(task.TASK, adapted, data, final)
+    inputs = Path(write_rows(tmp_path / "inputs.jsonl", [{"tokens": words} for words in SENTENCES]))
+    merged = predictions(final, inputs, tmp_path / "merged.jsonl")
+    assert predictions(final / "adapter", inputs, tmp_path / "adapter.jsonl") == merged
+    assert merged != predictions(tagger, inputs, tmp_path / "base.jsonl")  # the adapters count
 
 
 def test_words_past_the_model_limit_are_tagged_o(tagger: Path, tmp_path: Path) -> None:

@@ -100,6 +100,27 @@ def test_bad_data_names_file_and_line(demo, tmp_path: Path, train, val, message:
     assert "\n" not in str(error.value)
 
 
+def test_several_processes_tokenize_as_one_and_a_rerun_reads_the_cache(
+    demo, tmp_path: Path, monkeypatch
+) -> None:
+    directory, _ = demo
+    files = [f"data.train_file={directory / 'train.jsonl'}", f"data.val_file={directory / 'val.jsonl'}"]
+    one = task.build_data(config_of(demo, tmp_path / "one", *files, "data.preprocessing_processes=1"), ENV)
+    two = task.build_data(config_of(demo, tmp_path / "two", *files, "data.preprocessing_processes=2"), ENV)
+    (folder,) = (tmp_path / "two" / "out" / "cache").glob("token-classification-*")
+    assert len(list(folder.glob("train_*_of_00002.arrow"))) == 2
+    assert samples_of(two.train) == samples_of(one.train) and samples_of(two.val) == samples_of(one.val)
+
+    def no_tokenizing(self, batch):
+        raise AssertionError("tokenized again")
+
+    monkeypatch.setattr(task.Tokenize, "__call__", no_tokenizing)
+    again = task.build_data(config_of(demo, tmp_path / "one", *files, "data.preprocessing_processes=1"), ENV)
+    assert samples_of(again.train) == samples_of(one.train) and again.label_names == one.label_names
+    with pytest.raises(AssertionError, match="tokenized again"):  # other settings: other tokens
+        task.build_data(config_of(demo, tmp_path / "one", *files, "data.max_length=8"), ENV)
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".parquet", ".json"])
 def test_csv_parquet_and_json_files_read_like_json_lines(demo, tmp_path: Path, suffix: str) -> None:
     import pandas as pd

@@ -108,6 +108,39 @@ def build_classification_data(
     return paths[0], paths[1]
 
 
+def build_tagging(
+    directory: Path, demo: ModuleType, size: dict[str, int], train: int, val: int, seed: int
+) -> dict[str, str]:
+    """Sentences of 4 to 60 filler words (one token each) with 1 to 3 of the token demo's entities (people,
+    places, organisations, spelled out in several tokens) in IOB2 tags, and the demo's BERT of ``size``
+    (hidden, layers, context): {model, train_file, val_file}."""
+    filler, _ = vocabulary()
+    rng = random.Random(seed)
+    paths = {}
+    for name, count in (("train_file", train), ("val_file", val)):
+        rows = []
+        for _ in range(count):
+            tokens = [rng.choice(filler) for _ in range(log_uniform_length(rng, 4, 60))]
+            tags = ["O"] * len(tokens)
+            for _ in range(rng.randint(1, 3)):
+                kind = rng.choice(sorted(demo.ENTITIES))
+                words = rng.choice(demo.ENTITIES[kind])
+                # never inside another entity: between words, or before a B- tag
+                place = rng.choice([i for i, tag in enumerate([*tags, "O"]) if not tag.startswith("I-")])
+                tokens[place:place] = words
+                tags[place:place] = [f"B-{kind}"] + [f"I-{kind}"] * (len(words) - 1)
+            rows.append({"tokens": tokens, "tags": tags})
+        paths[name] = directory / f"{name.removesuffix('_file')}.jsonl"
+        write_jsonl(paths[name], rows)
+    names = [word for choices in demo.ENTITIES.values() for entity in choices for word in entity]
+    tokenizer = demo.build_tokenizer(filler, names, size["context"])
+    model = directory / "model"
+    demo.save_tiny_bert(
+        tokenizer, model, hidden=size["hidden"], layers=size["layers"], intermediate=4 * size["hidden"]
+    )
+    return {"model": str(model), **{name: str(path) for name, path in paths.items()}}
+
+
 def build_causal(
     directory: Path, demo: ModuleType, size: dict[str, int], train: int, val: int, seed: int
 ) -> dict[str, str]:

@@ -138,6 +138,21 @@ WORKLOADS = {
         lora=LORA,
         seeds_per_round=2,  # its loss target is a median over seeds: 6 in 3 rounds
     ),
+    # Token classification (NER): variable-length sentences of one-token filler words with 1-3 entities
+    # whose words split into several tokens; the tag of each word on its first token.
+    "tagging": Workload(
+        name="tagging",
+        title="(h) token classification: NER tags on sentences of 4 to 60 words",
+        model_type="token-classification",
+        metric="eval_f1",
+        train_size=4096,
+        val_size=512,
+        epochs=1,
+        words=(4, 60),
+        mentions=0,
+        max_length=128,
+        runners=("project", "plain", "trainer"),
+    ),
 }
 WORLD_SIZE = 2  # processes of every run but the one-process rows, which keep the global batch
 SEED = 42  # of the data; the training seed is SEED + round, the same for every runner of a round
@@ -177,6 +192,9 @@ def build_inputs(workload: Workload, directory: Path, project: Path) -> dict[str
                 directory, demo, size, workload.train_size, workload.val_size, SEED
             )
         return assets.build_causal(directory, demo, size, workload.train_size, workload.val_size, SEED)
+    if workload.model_type == "token-classification":
+        size = {"hidden": workload.hidden, "layers": workload.layers, "context": workload.max_length}
+        return assets.build_tagging(directory, demo, size, workload.train_size, workload.val_size, SEED)
     model = assets.build_classifier(
         directory / "model", demo, workload.hidden, workload.layers, 256, workload.vocab_size
     )
@@ -195,6 +213,10 @@ def training_samples(workload: Workload, inputs: dict[str, str]) -> tuple[int, f
         answers = tokenizer([row["completion"] for row in rows], add_special_tokens=False)["input_ids"]
         tokens = [len(p) + len(a) + 1 for p, a in zip(prompts, answers, strict=True)]
         return len(tokens), sum(tokens) / len(tokens)
+    if workload.model_type == "token-classification":
+        words = [row["tokens"] for row in rows]
+        ids = tokenizer(words, is_split_into_words=True, truncation=True, max_length=workload.max_length)
+        return len(words), sum(map(len, ids["input_ids"])) / len(words)
     texts = [row["text"] for row in rows]
     if workload.model_type == "causal-lm":
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"]

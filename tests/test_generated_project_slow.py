@@ -34,12 +34,14 @@ FINAL_LOADERS = {  # (model class, preprocessing class) in transformers
     "causal-lm": ("AutoModelForCausalLM", "AutoTokenizer"),
     "image-classification": ("AutoModelForImageClassification", "AutoImageProcessor"),
     "custom": None,  # model.safetensors, loaded into the project's own Model
+    "token-classification": ("AutoModelForTokenClassification", "AutoTokenizer"),
 }
 METRICS = {
     "text-classification": "eval_accuracy",
     "causal-lm": "eval_perplexity",
     "image-classification": "eval_accuracy",
     "custom": "eval_loss",
+    "token-classification": "eval_f1",
 }
 
 
@@ -97,6 +99,7 @@ SUITE_SECONDS = {
     "causal-lm": 150,
     "image-classification": 130,
     "custom": 70,
+    "token-classification": 150,
 }
 
 

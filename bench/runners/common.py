@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tagging
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -96,6 +97,12 @@ def load_data(spec: dict[str, Any]) -> tuple[Any, Dataset, Dataset, int]:
             splits.append(BlockDataset(torch.tensor(stream), length, keep_partial))
         return tokenizer, splits[0], splits[1], 0
     train_rows, val_rows = read_jsonl(spec["train_file"]), read_jsonl(spec["val_file"])
+    if spec["task"] == "token-classification":  # each word's tag on its first token
+        tags = tagging.tag_names(train_rows)
+        train, val = (
+            TextDataset(*tagging.encode(tokenizer, rows, tags, length)) for rows in (train_rows, val_rows)
+        )
+        return tokenizer, train, val, len(tags)
     names = sorted({row["label"] for row in train_rows})
     index = {name: i for i, name in enumerate(names)}
 
@@ -147,6 +154,8 @@ def build_model(spec: dict[str, Any], num_labels: int) -> nn.Module:
     if spec["task"] == "causal-lm":
         model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
         return with_lora(model, spec["lora"]) if spec.get("lora") else model
+    if spec["task"] == "token-classification":
+        return tagging.build_model(spec["model"], num_labels)
     return AutoModelForSequenceClassification.from_pretrained(
         spec["model"], num_labels=num_labels, ignore_mismatched_sizes=True, dtype=torch.float32
     )
@@ -194,6 +203,8 @@ def training_loss(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -
     if task == "causal-lm":
         targets = batch["labels"][:, 1:]
         return F.cross_entropy(logits[:, :-1].flatten(0, 1), targets.flatten(), ignore_index=-100)
+    if task == "token-classification":
+        return tagging.training_loss(logits, batch["labels"])
     return F.cross_entropy(logits, batch["labels"])
 
 
@@ -218,6 +229,10 @@ def evaluation_rows(model: nn.Module, batch: dict[str, torch.Tensor], task: str)
 
 def local_sums(model: nn.Module, loader: Any, spec: dict[str, Any]) -> torch.Tensor:
     """[loss sum, correct, count] over this rank's evaluation batches; leaves the model in eval mode."""
+    if spec["task"] == "token-classification":
+        return tagging.local_sums(
+            model, loader, tagging.tag_names(read_jsonl(spec["train_file"])), autocast(spec)
+        )
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64)
     for batch in loader:
@@ -233,6 +248,8 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_s
 
 
 def metrics_from_sums(sums: list[float], task: str) -> dict[str, float]:
+    if task == "token-classification":
+        return tagging.metrics(sums)
     loss = sums[0] / sums[2]
     if task == "causal-lm":
         return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0))}

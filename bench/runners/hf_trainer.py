@@ -12,9 +12,16 @@ from pathlib import Path
 
 import common
 import numpy as np
+import tagging
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
-from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    DataCollatorForTokenClassification,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 
 class Timing(TrainerCallback):
@@ -41,12 +48,26 @@ class Timing(TrainerCallback):
         return common.metrics_from_sums(sums.tolist(), self.spec["task"])
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        keys = ("eval_loss", "eval_accuracy", "eval_perplexity")
+        keys = ("eval_loss", "eval_accuracy", "eval_perplexity", "eval_precision", "eval_recall", "eval_f1")
         self.timeline.eval_done(state.global_step, {key: metrics[key] for key in keys if key in metrics})
 
 
 def accuracy(prediction) -> dict[str, float]:
     return {"accuracy": float((np.argmax(prediction.predictions, axis=-1) == prediction.label_ids).mean())}
+
+
+def collator(spec: dict, tokenizer):
+    if spec["task"] == "causal-lm":
+        return common.PadToLongest(tokenizer.pad_token_id, True)
+    if spec["task"] == "token-classification":  # pads the labels with -100
+        return DataCollatorForTokenClassification(tokenizer)
+    return DataCollatorWithPadding(tokenizer)
+
+
+def metrics(spec: dict):
+    if spec["task"] == "token-classification":
+        return tagging.trainer_metrics(tagging.tag_names(common.read_jsonl(spec["train_file"])))
+    return accuracy
 
 
 def main() -> None:
@@ -92,10 +113,8 @@ def main() -> None:
         args=arguments,
         train_dataset=train,
         eval_dataset=val,
-        data_collator=common.PadToLongest(tokenizer.pad_token_id, True)
-        if causal
-        else DataCollatorWithPadding(tokenizer),
-        compute_metrics=None if causal else accuracy,
+        data_collator=collator(spec, tokenizer),
+        compute_metrics=None if causal else metrics(spec),
         callbacks=[Timing(timeline, spec, exact)],
     )
     trainer.train()

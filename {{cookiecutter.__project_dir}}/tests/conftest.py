@@ -40,6 +40,7 @@ METRIC = {
     "causal-lm": "eval_perplexity",
     "image-classification": "eval_accuracy",
     "custom": "eval_accuracy",
+    "token-classification": "eval_f1",
 }[MODEL_TYPE]
 
 

@@ -120,6 +120,7 @@ def load_adapter(auto_class: Any, adapter_dir: Path, kind: str) -> PreTrainedMod
     import warnings
 
     import torch
+    from transformers import AutoConfig
 
     try:
         import peft
@@ -131,8 +132,10 @@ def load_adapter(auto_class: Any, adapter_dir: Path, kind: str) -> PreTrainedMod
     try:
         # The adapter folder's config.json: the fine-tuned model's (its labels, for a classifier); a head of
         # another size in the base is replaced by the adapter's trained one, as training replaced it.
+        # The config as an object: an Auto class given a path reads the base model's config instead.
+        config = AutoConfig.from_pretrained(adapter_dir)
         model = auto_class.from_pretrained(
-            base_model, config=str(adapter_dir), dtype=torch.float32, ignore_mismatched_sizes=True
+            base_model, config=config, dtype=torch.float32, ignore_mismatched_sizes=True
         )
         with warnings.catch_warnings():  # peft reads transformers' deprecated name for it
             warnings.filterwarnings("ignore", ".is_gradient_checkpointing. is deprecated", FutureWarning)

@@ -15,7 +15,7 @@ ANSWERS = json.loads(r"""{{ cookiecutter | tojson }}""")
 # The values of every choice answer, equal to the lists in cookiecutter.json (a template test holds them
 # equal). cookiecutter checks a choice given on the command line, but takes a replay file's as written.
 CHOICES = {
-    "model_type": ("text-classification", "causal-lm", "image-classification", "custom"),
+    "model_type": ("text-classification", "causal-lm", "image-classification", "custom", "seq2seq"),
     "finetune": ("full", "lora"),
     "backend": ("nccl", "gloo"),
     "precision": ("bf16", "fp16", "fp32"),
@@ -26,7 +26,7 @@ TEXT_ANSWERS = ("project_name", "project_slug", "package_name", "pretrained_mode
 # cookiecutter renders answers as Jinja; these in a value that rendering left behind are code that the
 # next render (a replay, a cruft update) would run. Spelled in parts: this file is a Jinja template.
 JINJA_MARKERS = tuple("{" + second for second in ("{", "%", "#"))
-MODEL_TYPES_NEEDING_CHECKPOINT = {"text-classification", "causal-lm", "image-classification"}
+MODEL_TYPES_NEEDING_CHECKPOINT = {"text-classification", "causal-lm", "image-classification", "seq2seq"}
 MAX_GPUS_PER_NODE = 64
 # Import and distribution names of everything a generated project installs, for every model type and
 # tracker, with its test extra; lower case, runs of '-', '_', '.' as '_'. A package or project of one of
@@ -37,20 +37,21 @@ DEPENDENCY_NAMES = frozenset(
     _cffi_backend _distutils_hack _multiprocess _pytest _xxhash _yaml absl absl_py accelerate alembic
     annotated_doc annotated_types anyio ast_serialize cachetools certifi cffi charset_normalizer click
     cloudpickle colorama contourpy coreweave_evaluations cryptography cwevals cycler databricks
-    databricks_sdk datasets dateutil dill distro dotenv fastapi filelock fonttools fsspec functorch git
-    gitdb gitpython google google_auth googleapis_common_protos grpc grpcio h11 hf_xet httpcore
-    httpcore2 httpx httpx2 huggingface_hub idna importlib_metadata iniconfig isympy jinja2 kiwisolver
-    lazy_importer librt mako markdown markdown_it markdown_it_py markupsafe matplotlib mdurl mlflow
-    mlflow_skinny mpl_toolkits mpmath multipart multiprocess mypy mypy_extensions mypyc networkx numpy
+    databricks_sdk datasets dateutil defusedxml dill distro dotenv fastapi filelock fonttools fsspec functorch
+    git gitdb gitpython google google_auth googleapis_common_protos grpc grpcio h11 hf_xet httpcore
+    httpcore2 httpx httpx2 huggingface_hub idna importlib_metadata iniconfig isympy jinja2 joblib kiwisolver
+    lazy_importer librt lxml mako markdown markdown_it markdown_it_py markupsafe matplotlib mdurl mlflow
+    mlflow_skinny mpl_toolkits mpmath multipart multiprocess mypy mypy_extensions mypyc networkx nltk numpy
     omegaconf opentelemetry opentelemetry_api opentelemetry_exporter_http_transport
     opentelemetry_exporter_otlp_common opentelemetry_exporter_otlp_proto_common
     opentelemetry_exporter_otlp_proto_http opentelemetry_proto opentelemetry_sdk
     opentelemetry_semantic_conventions packaging pandas pathspec peft pil pillow platformdirs pluggy
-    protobuf psutil py pyarrow pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments pylab pyparsing
-    pytest python_dateutil python_dotenv python_multipart pyyaml regex requests rich ruff safetensors
-    setuptools shellingham smmap sniffio sqlalchemy sqlparse starlette sympy tensorboard
-    tensorboard_data_server tokenizers torch torchgen tqdm transformers truststore typer
-    typing_extensions typing_inspection tzdata urllib3 uvicorn wandb werkzeug xxhash yaml zipp
+    portalocker protobuf psutil py pyarrow pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments
+    pylab pyparsing pytest python_dateutil python_dotenv python_multipart pyyaml regex requests rich
+    rouge_score ruff sacrebleu safetensors setuptools shellingham six smmap sniffio sqlalchemy sqlparse
+    starlette sympy tabulate tensorboard tensorboard_data_server tokenizers torch torchgen tqdm transformers
+    truststore typer typing_extensions typing_inspection tzdata urllib3 uvicorn wandb werkzeug xxhash yaml
+    zipp
     """.split()  # noqa: SIM905 (a block of words reads better than quoted strings)
 )
 # The jobs' name (__kubernetes_name: the slug in lower case, '-' for '_', cut to 48 characters) must be a

@@ -40,6 +40,7 @@ METRIC = {
     "causal-lm": "eval_perplexity",
     "image-classification": "eval_accuracy",
     "custom": "eval_accuracy",
+    "seq2seq": "eval_perplexity",
 }[MODEL_TYPE]
 
 

@@ -88,7 +88,7 @@ def build(directory: Path) -> list[str]:
     corpus = write_split(directory / "train.jsonl", rng, 400)
     corpus += write_split(directory / "val.jsonl", rng, 41)
     model_dir = directory / "model"
-    save_tiny_bart(build_tokenizer(corpus), model_dir, hidden=32, layers=2)
+    save_tiny_bart(build_tokenizer(corpus), model_dir, hidden=64, layers=2)
     return [
         f"model.pretrained={model_dir}",
         f"data.train_file={directory / 'train.jsonl'}",
@@ -97,7 +97,7 @@ def build(directory: Path) -> list[str]:
         "data.max_length=64",
         "data.batch_size=8",
         "train.epochs=3",
-        "train.lr=1e-2",
+        "train.lr=5e-3",
         "train.warmup_ratio=0.1",
         "eval.max_new_tokens=24",
         "data.num_workers=0",

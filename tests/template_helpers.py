@@ -25,12 +25,13 @@ SHELLCHECK = str(VENV_BIN / "shellcheck")
 GPUS_PER_NODE = ("0", "1", "8")
 BACKENDS = ("nccl", "gloo")
 PRECISIONS = ("bf16", "fp16", "fp32")
-MODEL_TYPES = ("text-classification", "causal-lm", "image-classification", "custom")
+MODEL_TYPES = ("text-classification", "causal-lm", "image-classification", "custom", "seq2seq")
 DEFAULT_PRETRAINED = {
     "text-classification": "distilbert/distilbert-base-uncased",
     "causal-lm": "openai-community/gpt2",
     "image-classification": "google/vit-base-patch16-224-in21k",
     "custom": "",
+    "seq2seq": "google-t5/t5-small",
 }
 # A 60-character project name (argparse wraps a usage line after a long program name). The renders
 # whose suites run under it do so in a shell without OMP_NUM_THREADS (torch then takes every core):

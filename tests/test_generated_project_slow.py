@@ -34,12 +34,14 @@ FINAL_LOADERS = {  # (model class, preprocessing class) in transformers
     "causal-lm": ("AutoModelForCausalLM", "AutoTokenizer"),
     "image-classification": ("AutoModelForImageClassification", "AutoImageProcessor"),
     "custom": None,  # model.safetensors, loaded into the project's own Model
+    "seq2seq": ("AutoModelForSeq2SeqLM", "AutoTokenizer"),
 }
 METRICS = {
     "text-classification": "eval_accuracy",
     "causal-lm": "eval_perplexity",
     "image-classification": "eval_accuracy",
     "custom": "eval_loss",
+    "seq2seq": "eval_bleu",
 }
 
 
@@ -97,6 +99,7 @@ SUITE_SECONDS = {
     "causal-lm": 150,
     "image-classification": 130,
     "custom": 70,
+    "seq2seq": 150,
 }
 
 
@@ -143,7 +146,7 @@ def test_generated_project_passes_its_own_test_suite(bake_ok, model_type, shard)
 # LoRA proofs under torchrun run in FULL_SUITE_MODEL_TYPE's suite, through lora.* overrides. The
 # text-classification lora render's fast tier runs on a GPU render (test_generated_gpu_project.py), which
 # shares it; causal-lm's runs here.
-LORA_MODEL_TYPES = ("text-classification", "causal-lm")
+LORA_MODEL_TYPES = ("text-classification", "causal-lm", "seq2seq")
 
 
 @pytest.mark.parametrize("model_type", ["causal-lm"])

@@ -25,6 +25,7 @@ GENERATION = "seq2seq_generation"
 # back: what training did to each source, and evaluation's generation settings.
 PREFIX_KEY, SOURCE_LENGTH_KEY = "source_prefix", "max_source_length"
 NEW_TOKENS_KEY, BEAMS_KEY = "eval_max_new_tokens", "eval_num_beams"
+KEYS = (PREFIX_KEY, SOURCE_LENGTH_KEY, NEW_TOKENS_KEY, BEAMS_KEY)  # in the order of Settings' fields
 
 
 @dataclass(frozen=True)
@@ -44,26 +45,36 @@ def encode_sources(tokenizer: Any, texts: list[str], prefix: str, max_length: in
     return encoded["input_ids"]
 
 
-def configure(model: Any, max_new_tokens: int, num_beams: int, prefix: str, max_length: int) -> None:
-    """Record the source preparation and the generation settings in the model's config (saved in final/),
-    and apply them."""
-    for key, value in (
-        (PREFIX_KEY, prefix),
-        (SOURCE_LENGTH_KEY, max_length),
-        (NEW_TOKENS_KEY, max_new_tokens),
-        (BEAMS_KEY, num_beams),
-    ):
+@dataclass(frozen=True)
+class Settings:
+    """How training prepared each source and how evaluation generated: what predict does by default."""
+
+    prefix: str
+    max_length: int
+    max_new_tokens: int
+    num_beams: int
+
+    @classmethod
+    def of(cls, config: Any) -> Settings | None:
+        """The settings a model config records (None: not a config this project's training saved)."""
+        values: list[Any] = [getattr(config, key, None) for key in KEYS]
+        return None if None in values else cls(*values)
+
+
+def configure(model: Any, settings: Settings) -> None:
+    """Record the settings in the model's config (saved in final/ and final/adapter/) and apply them."""
+    for key, value in zip(KEYS, vars(settings).values(), strict=True):
         setattr(model.config, key, value)
-    apply_settings(model)
+    apply_settings(model, settings.max_new_tokens, settings.num_beams)
 
 
-def apply_settings(model: Any, max_new_tokens: int | None = None, num_beams: int | None = None) -> None:
-    """The generation settings the model's config records (or those given) in its generation_config, the
-    rest of which comes with the checkpoint: what evaluation generates with, and predict by default."""
-    config, generation_config = model.config, model.generation_config
-    generation_config.max_new_tokens = max_new_tokens or getattr(config, NEW_TOKENS_KEY)
+def apply_settings(model: Any, max_new_tokens: int, num_beams: int) -> None:
+    """Generation settings into the model's generation_config, the rest of which comes with the
+    checkpoint: what evaluation generates with, and predict by default."""
+    generation_config = model.generation_config
+    generation_config.max_new_tokens = max_new_tokens
     generation_config.max_length = None  # max_new_tokens alone bounds the length
-    generation_config.num_beams = num_beams or getattr(config, BEAMS_KEY)
+    generation_config.num_beams = num_beams
 
 
 def generate_ids(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

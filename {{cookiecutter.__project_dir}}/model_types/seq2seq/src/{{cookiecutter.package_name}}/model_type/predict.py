@@ -7,17 +7,18 @@ hands it to the shared command."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from ..config.cli import whole_number
 from ..data.loader import DataError, iter_jsonl, to_device
 from ..task.hugging_face import load_fine_tuned, load_preprocessor
 from ..task.spec import PredictError, Prediction
-from .generation import PREFIX_KEY, SOURCE_LENGTH_KEY, apply_settings, encode_sources, generate_texts
+from .generation import SOURCE_LENGTH_KEY, Settings, apply_settings, encode_sources, generate_texts
 from .task import Collator, decoder_start_token, with_pad_token
 
 FIELD = "source"
@@ -55,17 +56,11 @@ def read_inputs(path: Path) -> list[str]:
 class Writer:
     """Batches of sources, encoded and generated from as evaluation does."""
 
-    def __init__(self, model: Any, tokenizer: Any, device: torch.device, options: argparse.Namespace) -> None:
+    def __init__(self, model: Any, tokenizer: Any, device: torch.device, settings: Settings) -> None:
         self.model, self.tokenizer, self.device = model.to(device), tokenizer, device
-        config = model.config
-        if getattr(config, SOURCE_LENGTH_KEY, None) is None:
-            raise PredictError(
-                "the model folder does not say how training prepared its sources (no max_source_length in "
-                "config.json); pass the final/ folder of this project's training run"
-            )
-        self.prefix, self.max_length = getattr(config, PREFIX_KEY), getattr(config, SOURCE_LENGTH_KEY)
-        apply_settings(model, options.max_new_tokens, options.num_beams)
-        self.collate = Collator(tokenizer.pad_token_id, decoder_start_token(config))
+        self.prefix, self.max_length = settings.prefix, settings.max_length
+        apply_settings(model, settings.max_new_tokens, settings.num_beams)
+        self.collate = Collator(tokenizer.pad_token_id, decoder_start_token(model.config))
 
     def prepare(self, inputs: list[str]) -> list[list[int]]:
         return encode_sources(self.tokenizer, inputs, self.prefix, self.max_length)
@@ -83,8 +78,22 @@ class Writer:
 
 def load(model_dir: Path, options: argparse.Namespace, device: torch.device) -> Writer:
     model = load_fine_tuned(AutoModelForSeq2SeqLM, model_dir, "sequence-to-sequence model")
+    # The folder's own config.json (final/, or final/adapter/ beside the base model's weights).
+    saved = (
+        Settings.of(AutoConfig.from_pretrained(model_dir)) if (model_dir / "config.json").is_file() else None
+    )
+    if saved is None:
+        raise PredictError(
+            f"{model_dir}: its config.json does not say how training prepared the sources (no "
+            f"{SOURCE_LENGTH_KEY}); pass the final/ folder of this project's training run"
+        )
+    settings = replace(
+        saved,
+        max_new_tokens=options.max_new_tokens or saved.max_new_tokens,
+        num_beams=options.num_beams or saved.num_beams,
+    )
     tokenizer = with_pad_token(load_preprocessor(AutoTokenizer, model_dir))
-    return Writer(model, tokenizer, device, options)
+    return Writer(model, tokenizer, device, settings)
 
 
 PREDICTION = Prediction(read_inputs=read_inputs, load=load, add_arguments=add_arguments)

@@ -28,7 +28,7 @@ from ..observe.log import log
 from ..parallel.process_group import DistEnv
 from ..task.hugging_face import quiet_transformers, save_pretrained
 from ..task.spec import Batch, Task, TaskData, at_least_fp32
-from .generation import GENERATION, EvalGeneration, configure, generate_texts
+from .generation import GENERATION, EvalGeneration, Settings, configure, generate_texts
 from .pairs import IGNORE_INDEX, Pair, PairDataset, PairRecipe, source_length
 from .text_metrics import SUM_NAMES, generation_metrics, no_text_sums, text_sums
 
@@ -135,7 +135,11 @@ def build_model(config: Config, data: TaskData) -> nn.Module:
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     limit = source_length(config, tokenizer)
-    configure(model, config.eval.max_new_tokens, config.eval.num_beams, config.data.source_prefix, limit)
+    eval_settings = config.eval
+    configure(
+        model,
+        Settings(config.data.source_prefix, limit, eval_settings.max_new_tokens, eval_settings.num_beams),
+    )
     metrics = config.eval.generation_metrics and data.val is not None
     setattr(model, GENERATION, EvalGeneration(tokenizer=config.model.pretrained, metrics=metrics))
     log.info(f"loaded {config.model.pretrained}")

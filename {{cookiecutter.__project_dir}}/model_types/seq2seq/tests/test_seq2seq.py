@@ -221,7 +221,7 @@ def test_a_two_process_run_logs_the_metrics_of_its_final_model(demo, tmp_path: P
     rank generates for a discarded batch too, so both run as many forwards): the logged metrics equal
     those of the saved model evaluated in this process over the same batches."""
     output_dir = tmp_path / "run"
-    overrides = [*demo[1], f"output_dir={output_dir}", "train.precision=fp32", "train.epochs=2"]
+    overrides = [*demo[1], f"output_dir={output_dir}", "train.precision=fp32", "train.epochs=2", "lora=null"]
     overrides.append(f"distributed.strategy={strategy}")
     result = run_launch([*overrides, "data.eval_batch_size=4", "eval.max_new_tokens=12"])
     assert result.returncode == 0, result.stderr[-3000:]

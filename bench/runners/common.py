@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import seq2seq_pairs
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -77,6 +78,8 @@ class BlockDataset(Dataset):
 
 def load_data(spec: dict[str, Any]) -> tuple[Any, Dataset, Dataset, int]:
     """(tokenizer, train, val, number of labels) of the spec's task."""
+    if spec["task"] == "seq2seq":
+        return seq2seq_pairs.load(spec, read_jsonl)
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -143,7 +146,15 @@ class PadToLongest:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def collator(spec: dict[str, Any], tokenizer: Any) -> Any:
+    if spec["task"] == "seq2seq":
+        return seq2seq_pairs.PadPairs(spec, tokenizer.pad_token_id)
+    return PadToLongest(tokenizer.pad_token_id, spec["task"] == "causal-lm")
+
+
 def build_model(spec: dict[str, Any], num_labels: int) -> nn.Module:
+    if spec["task"] == "seq2seq":
+        return seq2seq_pairs.build_model(spec)
     if spec["task"] == "causal-lm":
         model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
         return with_lora(model, spec["lora"]) if spec.get("lora") else model
@@ -190,6 +201,8 @@ def autocast(spec: dict[str, Any]):
 
 
 def training_loss(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -> torch.Tensor:
+    if task == "seq2seq":
+        return seq2seq_pairs.mean_loss(model, batch)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     if task == "causal-lm":
         targets = batch["labels"][:, 1:]
@@ -200,6 +213,8 @@ def training_loss(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -
 @torch.no_grad()
 def evaluation_rows(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -> torch.Tensor:
     """[loss sum, correct, count] of each sample, in float64: they add up exactly across ranks."""
+    if task == "seq2seq":
+        return seq2seq_pairs.evaluation_rows(model, batch)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     if task == "causal-lm":
         targets = batch["labels"][:, 1:]
@@ -234,7 +249,7 @@ def optimizer_step(optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_s
 
 def metrics_from_sums(sums: list[float], task: str) -> dict[str, float]:
     loss = sums[0] / sums[2]
-    if task == "causal-lm":
+    if task in ("causal-lm", "seq2seq"):
         return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0))}
     return {"eval_loss": loss, "eval_accuracy": sums[1] / sums[2]}
 

@@ -80,11 +80,16 @@ def apply_settings(model: Any, max_new_tokens: int, num_beams: int) -> None:
 def generate_ids(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """The generated ids of a batch of sources, with the model's saved generation settings."""
     sharded = isinstance(model, FSDPModule)
-    if sharded:
-        # generate() calls the encoder directly, outside the root module's forward, which is what gathers
-        # the root's own parameters (the embeddings the encoder and decoder share): gather them first.
-        model.unshard()
-    return model.generate(input_ids=input_ids, attention_mask=attention_mask, synced_gpus=sharded)
+    if not sharded:
+        return model.generate(input_ids=input_ids, attention_mask=attention_mask)
+    # generate() calls the encoder directly, outside the root module's forward, which is what gathers the
+    # root's own parameters (the embeddings the encoder and decoder share): gather them around it, and
+    # shard them again after, as the checkpoints and the next step expect them.
+    model.unshard()
+    try:
+        return model.generate(input_ids=input_ids, attention_mask=attention_mask, synced_gpus=True)
+    finally:
+        model.reshard()
 
 
 def generate_texts(

@@ -65,10 +65,14 @@ def test_predict_generates_by_default_what_evaluation_generates(demo, saved, tmp
     sources = [row["source"] for row in demo_rows(demo, "val", len(references))]
     inputs = Path(write_rows(tmp_path / "inputs.jsonl", [{"source": source} for source in sources]))
     assert [record["target"] for record in predictions(final, inputs, tmp_path / "out.jsonl")] == evaluated
-    longer = predictions(
-        final, inputs, tmp_path / "longer.jsonl", "--max-new-tokens", "20", "--num-beams", "2"
+    shorter = predictions(
+        final, inputs, tmp_path / "shorter.jsonl", "--max-new-tokens", "2", "--num-beams", "2"
     )
-    assert [record["target"] for record in longer] != evaluated
+    assert all(
+        len(data.preprocessor(record["target"], add_special_tokens=False)["input_ids"]) <= 2
+        for record in shorter
+    )
+    assert [record["target"] for record in shorter] != evaluated
 
 
 def test_predict_from_the_adapter_folder_writes_what_final_writes(demo, tmp_path: Path) -> None:

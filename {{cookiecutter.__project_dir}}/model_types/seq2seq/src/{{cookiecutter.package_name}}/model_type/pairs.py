@@ -28,7 +28,15 @@ from ..config import Config
 from ..data.arrow_rows import ChunkedColumn, IntegerLists
 from ..data.cache import RECORD_BATCH_ROWS, arrow_file, processes
 from ..data.loader import DataError
-from ..data.sources import Source, SplitReader, first_row, naming_undecodable, read_text_split, require_text
+from ..data.sources import (
+    Source,
+    SplitReader,
+    first_row,
+    naming_undecodable,
+    read_text_split,
+    require_text,
+    split_sources,
+)
 from ..observe.log import log
 from .generation import IDS_ONLY, encode_sources
 
@@ -109,8 +117,6 @@ class PairRecipe:
     name = "seq2seq"
 
     def __init__(self, config: Config, tokenizer: Any, reader: SplitReader) -> None:
-        from ..data.sources import split_sources
-
         data = config.data
         self.train_source, self.val_source = split_sources(data, data.train_file, data.val_file)
         self.tokenizer, self.reader = tokenizer, reader

@@ -181,6 +181,21 @@ def build_instructions(
     return {"model": str(model), **{name: str(path) for name, path in paths.items()}}
 
 
+def build_seq2seq(
+    directory: Path, demo: ModuleType, size: dict[str, int], train: int, val: int, seed: int
+) -> dict[str, str]:
+    """Sentence/gist pairs of the seq2seq demo, its tokenizer trained on them and a BART of ``size``
+    (hidden, layers, context): {model, train_file, val_file}."""
+    rng = random.Random(seed)
+    paths, corpus = {}, []
+    for name, count in (("train_file", train), ("val_file", val)):
+        paths[name] = directory / f"{name.removesuffix('_file')}.jsonl"
+        corpus += demo.write_split(paths[name], rng, count)
+    model = directory / "model"
+    demo.save_tiny_bart(demo.build_tokenizer(corpus, size["context"]), model, size["hidden"], size["layers"])
+    return {"model": str(model), **{name: str(path) for name, path in paths.items()}}
+
+
 PRETRAINING_DOCUMENTS = 4000
 PRETRAINING_STEPS = 300
 

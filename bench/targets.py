@@ -124,6 +124,12 @@ def targets(runs: list[dict], names: list[str], precision: str) -> list[tuple[st
         ratios = against(runs, "tagging", "samples_per_s", "project", "plain")
         text = "(h) steady-state samples/s, target >= 0.98: project / plain loop"
         checks.target(text, ratios, lambda v: v >= 0.98)
+    if "seq2seq" in names:
+        ratios = against(runs, "seq2seq", "samples_per_s", "project", "plain")
+        text = "(i) steady-state samples/s, target >= 0.98: project / plain loop"
+        checks.target(text, ratios, lambda v: v >= 0.98)
+        trainer = against(runs, "seq2seq", "samples_per_s", "project", "trainer")
+        checks.compare("(i) samples/s: project / transformers Seq2SeqTrainer", trainer)
     if "variable" in names:
         best = time_to_target_vs_best_peer(runs)
         shown = ", ".join(f"{_fmt(r)} vs {w}" for r, w in zip(best.ratios, best.winners, strict=True))

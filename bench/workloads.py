@@ -153,6 +153,24 @@ WORKLOADS = {
         max_length=128,
         runners=("project", "plain", "trainer"),
     ),
+    # Sequence to sequence: the seq2seq demo's tiny BART on its sentence/gist pairs, loss per target token.
+    # Every runner evaluates the loss only (the project with eval.generation_metrics=false): steps and
+    # evaluations do the same work in each.
+    "seq2seq": Workload(
+        name="seq2seq",
+        title="(i) sequence to sequence: a tiny BART, the loss over every target token",
+        model_type="seq2seq",
+        metric="eval_loss",
+        higher_is_better=False,
+        train_size=4096,
+        val_size=256,
+        epochs=1,
+        words=(0, 0),
+        mentions=0,
+        max_length=64,
+        lr=5e-3,
+        runners=("project", "plain", "trainer"),
+    ),
 }
 WORLD_SIZE = 2  # processes of every run but the one-process rows, which keep the global batch
 SEED = 42  # of the data; the training seed is SEED + round, the same for every runner of a round
@@ -185,8 +203,10 @@ def build_inputs(workload: Workload, directory: Path, project: Path) -> dict[str
     directory.mkdir(parents=True, exist_ok=True)
     assets.quiet()
     demo = assets.demo_module(project)
+    size = {"hidden": workload.hidden, "layers": workload.layers, "context": workload.max_length}
+    if workload.model_type == "seq2seq":
+        return assets.build_seq2seq(directory, demo, size, workload.train_size, workload.val_size, SEED)
     if workload.model_type == "causal-lm":
-        size = {"hidden": workload.hidden, "layers": workload.layers, "context": workload.max_length}
         if workload.instructions:
             return assets.build_instructions(
                 directory, demo, size, workload.train_size, workload.val_size, SEED
@@ -217,6 +237,12 @@ def training_samples(workload: Workload, inputs: dict[str, str]) -> tuple[int, f
         words = [row["tokens"] for row in rows]
         ids = tokenizer(words, is_split_into_words=True, truncation=True, max_length=workload.max_length)
         return len(words), sum(map(len, ids["input_ids"])) / len(words)
+    if workload.model_type == "seq2seq":  # source and target tokens, each with the tokenizer's specials
+        sources, targets = (
+            tokenizer([row[key] for row in rows])["input_ids"] for key in ("source", "target")
+        )
+        tokens = [len(source) + len(target) for source, target in zip(sources, targets, strict=True)]
+        return len(tokens), sum(tokens) / len(tokens)
     texts = [row["text"] for row in rows]
     if workload.model_type == "causal-lm":
         ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -273,4 +299,5 @@ def project_overrides(
         f"seed={seed}",
         f"output_dir={output}",
         *[f"lora.{key}={value}" for key, value in workload.lora],
+        *(["eval.generation_metrics=false"] if workload.model_type == "seq2seq" else []),
     ]

@@ -21,6 +21,7 @@ CHOICES = {
         "image-classification",
         "custom",
         "token-classification",
+        "seq2seq",
     ),
     "finetune": ("full", "lora"),
     "backend": ("nccl", "gloo"),
@@ -37,6 +38,7 @@ MODEL_TYPES_NEEDING_CHECKPOINT = {
     "causal-lm",
     "image-classification",
     "token-classification",
+    "seq2seq",
 }
 MAX_GPUS_PER_NODE = 64
 # Import and distribution names of everything a generated project installs, for every model type and
@@ -48,21 +50,21 @@ DEPENDENCY_NAMES = frozenset(
     _cffi_backend _distutils_hack _multiprocess _pytest _xxhash _yaml absl absl_py accelerate alembic
     annotated_doc annotated_types anyio ast_serialize cachetools certifi cffi charset_normalizer click
     cloudpickle colorama contourpy coreweave_evaluations cryptography cwevals cycler databricks
-    databricks_sdk datasets dateutil dill distro dotenv fastapi filelock fonttools fsspec functorch git
-    gitdb gitpython google google_auth googleapis_common_protos grpc grpcio h11 hf_xet httpcore
-    httpcore2 httpx httpx2 huggingface_hub idna importlib_metadata iniconfig isympy jinja2 joblib kiwisolver
-    lazy_importer librt mako markdown markdown_it markdown_it_py markupsafe matplotlib mdurl mlflow
-    mlflow_skinny mpl_toolkits mpmath multipart multiprocess mypy mypy_extensions mypyc narwhals networkx
-    numpy omegaconf opentelemetry opentelemetry_api opentelemetry_exporter_http_transport
+    databricks_sdk datasets dateutil defusedxml dill distro dotenv fastapi filelock fonttools fsspec
+    functorch git gitdb gitpython google google_auth googleapis_common_protos grpc grpcio h11 hf_xet
+    httpcore httpcore2 httpx httpx2 huggingface_hub idna importlib_metadata iniconfig isympy jinja2 joblib
+    kiwisolver lazy_importer librt lxml mako markdown markdown_it markdown_it_py markupsafe matplotlib mdurl
+    mlflow mlflow_skinny mpl_toolkits mpmath multipart multiprocess mypy mypy_extensions mypyc narwhals
+    networkx nltk numpy omegaconf opentelemetry opentelemetry_api opentelemetry_exporter_http_transport
     opentelemetry_exporter_otlp_common opentelemetry_exporter_otlp_proto_common
     opentelemetry_exporter_otlp_proto_http opentelemetry_proto opentelemetry_sdk
     opentelemetry_semantic_conventions packaging pandas pathspec peft pil pillow platformdirs pluggy
-    protobuf psutil py pyarrow pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments pylab pyparsing
-    pytest python_dateutil python_dotenv python_multipart pyyaml regex requests rich ruff safetensors
-    scikit_learn scipy seqeval setuptools shellingham sklearn smmap sniffio sqlalchemy sqlparse starlette
-    sympy tensorboard
-    tensorboard_data_server threadpoolctl tokenizers torch torchgen tqdm transformers truststore typer
-    typing_extensions typing_inspection tzdata urllib3 uvicorn wandb werkzeug xxhash yaml zipp
+    portalocker protobuf psutil py pyarrow pyasn1 pyasn1_modules pycparser pydantic pydantic_core pygments
+    pylab pyparsing pytest python_dateutil python_dotenv python_multipart pyyaml regex requests rich
+    rouge_score ruff sacrebleu safetensors scikit_learn scipy seqeval setuptools shellingham six sklearn
+    smmap sniffio sqlalchemy sqlparse starlette sympy tabulate tensorboard tensorboard_data_server
+    threadpoolctl tokenizers torch torchgen tqdm transformers truststore typer typing_extensions
+    typing_inspection tzdata urllib3 uvicorn wandb werkzeug xxhash yaml zipp
     """.split()  # noqa: SIM905 (a block of words reads better than quoted strings)
 )
 # The jobs' name (__kubernetes_name: the slug in lower case, '-' for '_', cut to 48 characters) must be a

@@ -31,6 +31,7 @@ MODEL_TYPES = (
     "image-classification",
     "custom",
     "token-classification",
+    "seq2seq",
 )
 DEFAULT_PRETRAINED = {
     "text-classification": "distilbert/distilbert-base-uncased",
@@ -38,6 +39,7 @@ DEFAULT_PRETRAINED = {
     "image-classification": "google/vit-base-patch16-224-in21k",
     "custom": "",
     "token-classification": "google-bert/bert-base-cased",
+    "seq2seq": "google-t5/t5-small",
 }
 # A 60-character project name (argparse wraps a usage line after a long program name). The renders
 # whose suites run under it do so in a shell without OMP_NUM_THREADS (torch then takes every core):

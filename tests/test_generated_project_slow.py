@@ -35,6 +35,7 @@ FINAL_LOADERS = {  # (model class, preprocessing class) in transformers
     "image-classification": ("AutoModelForImageClassification", "AutoImageProcessor"),
     "custom": None,  # model.safetensors, loaded into the project's own Model
     "token-classification": ("AutoModelForTokenClassification", "AutoTokenizer"),
+    "seq2seq": ("AutoModelForSeq2SeqLM", "AutoTokenizer"),
 }
 METRICS = {
     "text-classification": "eval_accuracy",
@@ -42,6 +43,7 @@ METRICS = {
     "image-classification": "eval_accuracy",
     "custom": "eval_loss",
     "token-classification": "eval_f1",
+    "seq2seq": "eval_bleu",
 }
 
 
@@ -100,6 +102,7 @@ SUITE_SECONDS = {
     "image-classification": 130,
     "custom": 70,
     "token-classification": 150,
+    "seq2seq": 320,  # its selection took 323 s and 455 s with -n 2 on the 2 busy cores of 2026-12-07
 }
 
 
@@ -146,7 +149,7 @@ def test_generated_project_passes_its_own_test_suite(bake_ok, model_type, shard)
 # LoRA proofs under torchrun run in FULL_SUITE_MODEL_TYPE's suite, through lora.* overrides. The
 # text-classification lora render's fast tier runs on a GPU render (test_generated_gpu_project.py), which
 # shares it; causal-lm's runs here.
-LORA_MODEL_TYPES = ("text-classification", "causal-lm")
+LORA_MODEL_TYPES = ("text-classification", "causal-lm", "seq2seq")
 
 
 @pytest.mark.parametrize("model_type", ["causal-lm"])

@@ -71,6 +71,7 @@ INVALID_ANSWERS = [
     ({"model_type": "causal-lm", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "image-classification", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "token-classification", "pretrained_model": ""}, "pretrained_model"),
+    ({"model_type": "seq2seq", "pretrained_model": ""}, "pretrained_model"),
     ({"model_type": "text-classification", "pretrained_model": "  "}, "pretrained_model"),
     # The custom example declares no blocks for FSDP2 to shard.
     ({"model_type": "custom", "strategy": "fsdp2"}, "strategy=fsdp2"),

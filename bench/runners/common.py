@@ -1,6 +1,6 @@
 """What every hand-written runner shares, so they do the same work as the generated project: the data
 (same files, tokenizer, truncation and packing), the model, AdamW groups, the warmup/decay schedule,
-the loss, exact evaluation sums, and the timeline each run reports to the bench.
+the loss and exact evaluation sums; the timeline each run reports to the bench is timeline.py's.
 
 A runner is started by torchrun with one argument: the path of a JSON spec written by the bench.
 """
@@ -11,19 +11,18 @@ import gc
 import itertools
 import json
 import math
-import os
 import random
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import seq2seq_pairs
 import tagging
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from timeline import Timeline as Timeline  # the runners' common.Timeline
 from torch import nn
 from torch.utils.data import Dataset
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
@@ -78,6 +77,8 @@ class BlockDataset(Dataset):
 
 def load_data(spec: dict[str, Any]) -> tuple[Any, Dataset, Dataset, int]:
     """(tokenizer, train, val, number of labels) of the spec's task."""
+    if spec["task"] == "seq2seq":
+        return seq2seq_pairs.load(spec, read_jsonl)
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -150,7 +151,15 @@ class PadToLongest:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def collator(spec: dict[str, Any], tokenizer: Any) -> Any:
+    if spec["task"] == "seq2seq":
+        return seq2seq_pairs.PadPairs(spec, tokenizer.pad_token_id)
+    return PadToLongest(tokenizer.pad_token_id, spec["task"] != "text-classification")
+
+
 def build_model(spec: dict[str, Any], num_labels: int) -> nn.Module:
+    if spec["task"] == "seq2seq":
+        return seq2seq_pairs.build_model(spec)
     if spec["task"] == "causal-lm":
         model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
         return with_lora(model, spec["lora"]) if spec.get("lora") else model
@@ -199,6 +208,8 @@ def autocast(spec: dict[str, Any]):
 
 
 def training_loss(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -> torch.Tensor:
+    if task == "seq2seq":
+        return seq2seq_pairs.mean_loss(model, batch)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     if task == "causal-lm":
         targets = batch["labels"][:, 1:]
@@ -211,6 +222,8 @@ def training_loss(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -
 @torch.no_grad()
 def evaluation_rows(model: nn.Module, batch: dict[str, torch.Tensor], task: str) -> torch.Tensor:
     """[loss sum, correct, count] of each sample, in float64: they add up exactly across ranks."""
+    if task == "seq2seq":
+        return seq2seq_pairs.evaluation_rows(model, batch)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     if task == "causal-lm":
         targets = batch["labels"][:, 1:]
@@ -251,7 +264,7 @@ def metrics_from_sums(sums: list[float], task: str) -> dict[str, float]:
     if task == "token-classification":
         return tagging.metrics(sums)
     loss = sums[0] / sums[2]
-    if task == "causal-lm":
+    if task in ("causal-lm", "seq2seq"):
         return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 700.0))}
     return {"eval_loss": loss, "eval_accuracy": sums[1] / sums[2]}
 
@@ -267,34 +280,3 @@ def finish() -> None:
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-class Timeline:
-    """Wall-clock times of every optimizer step and evaluation; rank 0 writes them for the bench."""
-
-    def __init__(self, spec: dict[str, Any], steps_per_epoch: int = 0) -> None:
-        self.path = Path(spec["timeline"])
-        self.eval_every = spec["eval_every_steps"]
-        self.steps_per_epoch = steps_per_epoch
-        self.steps: list[tuple[int, float]] = []
-        self.evals: list[dict[str, Any]] = []
-        self.eval_started = 0.0
-
-    def step_done(self, step: int, evaluate: Callable[[], dict[str, float]] | None = None) -> None:
-        """Record the end of ``step``; then ``evaluate``, outside the step's time, where the generated
-        project's schedule does: at the end of each epoch, and every ``eval_every_steps`` if set."""
-        self.steps.append((step, time.time()))
-        epoch_end = self.steps_per_epoch and step % self.steps_per_epoch == 0
-        if evaluate is not None and (epoch_end or (self.eval_every and step % self.eval_every == 0)):
-            self.eval_start()
-            self.eval_done(step, evaluate())
-
-    def eval_start(self) -> None:
-        self.eval_started = time.time()
-
-    def eval_done(self, step: int, metrics: dict[str, float]) -> None:
-        self.evals.append({"step": step, "start": self.eval_started, "end": time.time(), **metrics})
-
-    def write(self) -> None:
-        if int(os.environ.get("RANK", "0")) == 0:
-            self.path.write_text(json.dumps({"steps": self.steps, "evals": self.evals}))

@@ -2,7 +2,8 @@
 the same work. ``torchrun ... hf_trainer.py spec.json``; with "grouped" in the spec, its opt-in
 ``train_sampling_strategy="group_by_length"``. With "lora", peft's adapters on the model (the reference
 SFT stack); on instruction data it is evaluated by the shared exact sums (the loss over every completion
-token), since the Trainer's own eval_loss averages per-batch means."""
+token), since the Trainer's own eval_loss averages per-batch means. On seq2seq pairs: Seq2SeqTrainer
+with DataCollatorForSeq2Seq, the loss alone (no generation, as the other runners)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import tagging
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 from transformers import (
+    DataCollatorForSeq2Seq,
     DataCollatorForTokenClassification,
     DataCollatorWithPadding,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
     Trainer,
     TrainerCallback,
     TrainingArguments,
@@ -56,7 +60,9 @@ def accuracy(prediction) -> dict[str, float]:
     return {"accuracy": float((np.argmax(prediction.predictions, axis=-1) == prediction.label_ids).mean())}
 
 
-def collator(spec: dict, tokenizer):
+def collator(spec: dict, tokenizer, model):
+    if spec["task"] == "seq2seq":  # pads the labels with -100
+        return DataCollatorForSeq2Seq(tokenizer, model=model)
     if spec["task"] == "causal-lm":
         return common.PadToLongest(tokenizer.pad_token_id, True)
     if spec["task"] == "token-classification":  # pads the labels with -100
@@ -74,6 +80,7 @@ def main() -> None:
     spec = common.load_spec()
     tokenizer, train, val, labels = common.load_data(spec)
     causal = spec["task"] == "causal-lm"
+    seq2seq = spec["task"] == "seq2seq"
     every = spec["eval_every_steps"]
     exact = None
     if spec.get("instructions"):  # evaluated by Timing, on this rank's shard
@@ -81,7 +88,7 @@ def main() -> None:
         shard = Subset(val, common.eval_shard(len(val), rank, world_size))
         collate = common.PadToLongest(tokenizer.pad_token_id, True)
         exact = DataLoader(shard, batch_size=spec["eval_batch_size"], collate_fn=collate)
-    arguments = TrainingArguments(
+    arguments = (Seq2SeqTrainingArguments if seq2seq else TrainingArguments)(
         output_dir=str(Path(sys.argv[1]).parent / "trainer-output"),  # saves nothing, in the run directory
         per_device_train_batch_size=spec["batch_size"],
         per_device_eval_batch_size=spec["eval_batch_size"],
@@ -101,25 +108,26 @@ def main() -> None:
         report_to="none",
         disable_tqdm=True,
         seed=spec["seed"],
-        prediction_loss_only=causal,
+        prediction_loss_only=causal or seq2seq,
         train_sampling_strategy="group_by_length" if spec.get("grouped") else "random",
     )
     timeline = common.Timeline(spec)
     # As transformers' examples do (set_seed before from_pretrained): the new head or LoRA adapters are
     # drawn from the run's seed, as the project's are, not from torch's default seed in every round.
     common.seed_all(spec["seed"])
-    trainer = Trainer(
-        model=common.build_model(spec, labels),
+    model = common.build_model(spec, labels)
+    trainer = (Seq2SeqTrainer if seq2seq else Trainer)(
+        model=model,
         args=arguments,
         train_dataset=train,
         eval_dataset=val,
-        data_collator=collator(spec, tokenizer),
-        compute_metrics=None if causal else metrics(spec),
+        data_collator=collator(spec, tokenizer, model),
+        compute_metrics=None if causal or seq2seq else metrics(spec),
         callbacks=[Timing(timeline, spec, exact)],
     )
     trainer.train()
     for record in timeline.evals:
-        if causal and exact is None:
+        if (causal or seq2seq) and exact is None:
             record["eval_perplexity"] = float(np.exp(min(record["eval_loss"], 700.0)))
     timeline.write()
     del trainer  # the DDP wrapper goes before the process group it uses

@@ -24,7 +24,7 @@ def fit(spec: dict) -> None:
     rank, world_size = dist.get_rank(), dist.get_world_size()
     common.seed_all(spec["seed"])
     tokenizer, train, val, labels = common.load_data(spec)
-    collate = common.PadToLongest(tokenizer.pad_token_id, spec["task"] != "text-classification")
+    collate = common.collator(spec, tokenizer)
     sampler = DistributedSampler(train, shuffle=True, seed=spec["seed"], drop_last=True)
     loader = DataLoader(train, batch_size=spec["batch_size"], sampler=sampler, collate_fn=collate)
     val_loader = DataLoader(

@@ -41,6 +41,7 @@ METRIC = {
     "image-classification": "eval_accuracy",
     "custom": "eval_accuracy",
     "token-classification": "eval_f1",
+    "seq2seq": "eval_perplexity",
 }[MODEL_TYPE]
 
 

@@ -156,11 +156,18 @@ class EvalConfig:
     """causal-lm: greedy completions of the first N validation prompts, added to samples.jsonl at each
     evaluation; 0 = none."""
     max_new_tokens: int = 64
-    """Tokens each of those completions may add."""
+    """Tokens each of those completions may add (seq2seq: each generated target, at evaluation and as
+    predict's default)."""
+    num_beams: int = 1
+    """seq2seq: beams of the generation at evaluation and predict's default; 1 = greedy."""
+    generation_metrics: bool = True
+    """seq2seq: eval_bleu and eval_rougeL from targets generated for the whole validation set at each
+    evaluation; false: eval_loss and eval_perplexity alone (much faster)."""
 
     def __post_init__(self) -> None:
         require(self.generate_samples >= 0, "eval.generate_samples", "must be >= 0 (0 = none)")
         require(self.max_new_tokens >= 1, "eval.max_new_tokens", "must be >= 1")
+        require(self.num_beams >= 1, "eval.num_beams", "must be >= 1 (1 = greedy)")
 
 
 @dataclass

@@ -56,6 +56,8 @@ def check_tracker(config: TrackerConfig) -> None:
 def check_eval(config: Config) -> None:
     if config.eval.generate_samples and MODEL_TYPE != "causal-lm":
         raise ConfigError("eval.generate_samples: only a causal-lm project generates text; set it to 0")
+    if config.eval.num_beams != 1 and MODEL_TYPE != "seq2seq":
+        raise ConfigError("eval.num_beams: only a seq2seq project generates at evaluation; set it to 1")
 
 
 def check_lora(config: Config) -> None:

@@ -11,12 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from process_tree import signal_all, wait_for_checkpoint, workers_of
+from process_tree import descendants, signal_all, wait_for_checkpoint, workers_of
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.config import (
@@ -77,6 +78,7 @@ def launch_env(nproc: int, **extra: str) -> dict[str, str]:
     env["NPROC_PER_NODE"] = str(nproc)
     env["NNODES"] = "1"  # one machine, whatever num_nodes the project was rendered with
     env["OMP_NUM_THREADS"] = str(WORKER_THREADS)
+    env["PYTHONFAULTHANDLER"] = "1"  # a crash, or a hang that run_launch aborts, prints each thread's stack
     env.update(extra)
     return env
 
@@ -84,13 +86,37 @@ def launch_env(nproc: int, **extra: str) -> dict[str, str]:
 def run_launch(
     args: list[str], nproc: int = 2, timeout: float = 300, **env: str
 ) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(PROJECT / "launch.sh"), *ON_THIS_MACHINE, *args],
+    """``launch.sh`` to its end. A run still going after ``timeout`` fails the test with its stderr and
+    the Python stacks of all its processes, which say where it hung."""
+    command = [str(PROJECT / "launch.sh"), *ON_THIS_MACHINE, *args]
+    with subprocess.Popen(
+        command,
         env=launch_env(nproc, **env),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout,
-    )
+        start_new_session=True,
+    ) as launch:
+        try:
+            stdout, stderr = launch.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stacks = _abort_with_stacks(launch)
+            pytest.fail(f"launch.sh {' '.join(args)} still ran after {timeout:.0f} s:\n{stacks[-20000:]}")
+    return subprocess.CompletedProcess(command, launch.returncode, stdout, stderr)
+
+
+def _abort_with_stacks(launch: subprocess.Popen) -> str:
+    """SIGABRT to every process of the run, deepest first: Python's fault handler (PYTHONFAULTHANDLER)
+    writes each one's threads to stderr before it ends. Returns the run's stderr, less the fault handler's
+    list of extension modules and the import machinery's frames."""
+    processes = descendants(launch.pid)
+    for pid in reversed(processes):
+        signal_all([pid], signal.SIGABRT)
+        time.sleep(0.5)  # one process's stacks at a time, not interleaved
+    signal_all([launch.pid, *processes], signal.SIGKILL)
+    stderr = launch.communicate(timeout=60)[1]
+    noise = ("Extension modules:", '  File "<frozen importlib')
+    return "\n".join(line for line in stderr.splitlines() if not line.startswith(noise))
 
 
 def start_launch(args: list[str], nproc: int = 2, **env: str) -> subprocess.Popen:

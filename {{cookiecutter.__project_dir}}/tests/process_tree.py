@@ -17,6 +17,20 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, parents before their children, whichever of its threads started them."""
+    try:
+        threads = [task.name for task in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:  # already gone
+        return []
+    below: list[int] = []
+    for thread in threads:
+        with contextlib.suppress(OSError):
+            for child in Path(f"/proc/{pid}/task/{thread}/children").read_text().split():
+                below += [int(child), *descendants(int(child))]
+    return below
+
+
 def workers_of(launch: subprocess.Popen) -> list[int]:
     """The training processes: launch.sh -> torchrun -> workers."""
     return [worker for torchrun in children(launch.pid) for worker in children(torchrun)]

@@ -7,6 +7,7 @@ so the run cannot finish before the fault lands.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import torch
 from conftest import (
     FAULT_RUN,
+    PROJECT,
     QUIET,
     assert_checkpoint_at_stop,
     assert_resumed_from,
@@ -121,3 +123,30 @@ def test_a_checkpoint_of_another_model_stops_the_job_in_one_line(demo, trained: 
     [line] = result.stderr.splitlines()
     assert line.startswith(f"error: {foreign} does not fit this model"), result.stderr
     assert foreign.read_bytes() == before  # untouched
+
+
+# Rank 1 waits forever before its imports, where no watchdog of the project can see it.
+HANG_RANK_1 = """
+import os, threading
+
+def wait_forever():
+    threading.Event().wait()
+
+if os.environ.get("RANK") == "1":
+    wait_forever()
+"""
+
+
+def test_a_hung_run_fails_its_test_with_the_stacks_of_every_process(demo, tmp_path: Path) -> None:
+    """A run that hangs in a test ends at the test's timeout with a report that says where each process
+    was: the hang of a busy CI machine, which no one can attach a debugger to, is then readable."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(HANG_RANK_1)
+    path = f"{site}{os.pathsep}{PROJECT / 'src'}"
+    with pytest.raises(pytest.fail.Exception) as failure:
+        run_launch([*demo[1], f"output_dir={tmp_path / 'run'}"], timeout=60, PYTHONPATH=path)
+    report = str(failure.value)
+    assert "still ran after 60 s" in report
+    assert "in wait_forever" in report, report  # rank 1's stack
+    assert "Extension modules:" not in report

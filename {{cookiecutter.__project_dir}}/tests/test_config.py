@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from {{ cookiecutter.package_name }}.config import (
 )
 from {{ cookiecutter.package_name }}.config.constants import MODEL_TYPE
 from {{ cookiecutter.package_name }}.launch.preflight import (
+    check_eval,
     require_writable_output_dir,
 )
 
@@ -177,6 +179,19 @@ def test_an_unwritable_output_dir_is_refused(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # as a read-only file system answers
     with pytest.raises(ConfigError, match=r"output_dir='.*' is not writable \(.*\); choose another"):
         require_writable_output_dir(str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize(
+    "override,generating_type", [("eval.generate_samples=2", "causal-lm"), ("eval.num_beams=2", "seq2seq")]
+)
+def test_generation_settings_are_refused_where_nothing_generates(override: str, generating_type: str) -> None:
+    config = load_config([override])
+    refusal = rf"^{re.escape(override.partition('=')[0])}: only a {generating_type} project .*; set it to"
+    if generating_type == MODEL_TYPE:
+        check_eval(config)  # accepted: this project's evaluation generates
+    else:
+        with pytest.raises(ConfigError, match=refusal):
+            check_eval(config)
 
 
 def resolve_in_a_process(name: str, **env: str) -> subprocess.CompletedProcess:

@@ -212,8 +212,8 @@ def run(cmd: list[str], cwd: Path | str, env: dict[str, str] | None = None, time
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def describe(proc: subprocess.CompletedProcess) -> str:
-    tail = (proc.stdout + proc.stderr)[-6000:]
+def describe(proc: subprocess.CompletedProcess, chars: int = 6000) -> str:
+    tail = (proc.stdout + proc.stderr)[-chars:]
     return f"{proc.args!r} exited {proc.returncode}:\n{tail}"
 
 

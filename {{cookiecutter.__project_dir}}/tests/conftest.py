@@ -6,19 +6,17 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from process_tree import descendants, signal_all, wait_for_checkpoint, workers_of
-from safetensors.torch import load_file
+from process_tree import abort_with_stacks, signal_all, wait_for_checkpoint, workers_of
+from weights import without_dropout
 
 from {{ cookiecutter.package_name }}.config import (
     Device,
@@ -100,23 +98,9 @@ def run_launch(
         try:
             stdout, stderr = launch.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            stacks = _abort_with_stacks(launch)
+            stacks = abort_with_stacks(launch)
             pytest.fail(f"launch.sh {' '.join(args)} still ran after {timeout:.0f} s:\n{stacks[-20000:]}")
     return subprocess.CompletedProcess(command, launch.returncode, stdout, stderr)
-
-
-def _abort_with_stacks(launch: subprocess.Popen) -> str:
-    """SIGABRT to every process of the run, deepest first: Python's fault handler (PYTHONFAULTHANDLER)
-    writes each one's threads to stderr before it ends. Returns the run's stderr, less the fault handler's
-    list of extension modules and the import machinery's frames."""
-    processes = descendants(launch.pid)
-    for pid in reversed(processes):
-        signal_all([pid], signal.SIGABRT)
-        time.sleep(0.5)  # one process's stacks at a time, not interleaved
-    signal_all([launch.pid, *processes], signal.SIGKILL)
-    stderr = launch.communicate(timeout=60)[1]
-    noise = ("Extension modules:", '  File "<frozen importlib')
-    return "\n".join(line for line in stderr.splitlines() if not line.startswith(noise))
 
 
 def start_launch(args: list[str], nproc: int = 2, **env: str) -> subprocess.Popen:
@@ -136,17 +120,6 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
-
-
-def final_weights(output_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(output_dir / "final" / "model.safetensors")
-
-
-def assert_same_weights(expected: Path, actual: Path) -> None:
-    reference, result = final_weights(expected), final_weights(actual)
-    assert reference.keys() == result.keys()
-    for name in reference:
-        assert torch.equal(reference[name], result[name]), f"{name} differs"
 
 
 def assert_checkpoint_at_stop(stderr: str, output_dir: Path) -> Path:
@@ -281,18 +254,6 @@ def reference(demo: tuple[Path, list[str]], tmp_path_factory: pytest.TempPathFac
     result = run_launch([*demo[1], *FAULT_RUN, f"output_dir={output_dir}"])
     assert result.returncode == 0, result.stderr[-4000:]
     return output_dir
-
-
-def without_dropout(model_dir: Path, copy: Path) -> Path:
-    """The demo checkpoint with every dropout rate at 0: runs then differ only by the arithmetic."""
-    shutil.copytree(model_dir, copy)
-    config_file = copy / "config.json"
-    config = json.loads(config_file.read_text())
-    for key, value in config.items():
-        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
-            config[key] = 0.0
-    config_file.write_text(json.dumps(config))
-    return copy
 
 
 def deterministic_overrides(demo: tuple[Path, list[str]], directory: Path) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -90,3 +91,17 @@ def signal_all(pids: list[int], number: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, number)
+
+
+def abort_with_stacks(launch: subprocess.Popen) -> str:
+    """SIGABRT to every process of the run, deepest first: Python's fault handler (PYTHONFAULTHANDLER)
+    writes each one's threads to stderr before it ends. Returns the run's stderr, less the fault handler's
+    list of extension modules and the import machinery's frames."""
+    processes = descendants(launch.pid)
+    for pid in reversed(processes):
+        signal_all([pid], signal.SIGABRT)
+        time.sleep(0.5)  # one process's stacks at a time, not interleaved
+    signal_all([launch.pid, *processes], signal.SIGKILL)
+    stderr = launch.communicate(timeout=60)[1]
+    noise = ("Extension modules:", '  File "<frozen importlib')
+    return "\n".join(line for line in stderr.splitlines() if not line.startswith(noise))

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PROJECT, deterministic_overrides, final_weights, launch_env, read_metrics, start_launch
+from conftest import PROJECT, deterministic_overrides, launch_env, read_metrics, start_launch
 from emulated_hosts import emulated_hosts, unavailable
+from weights import final_weights
 
 # One name per line (kept so by the trailing commas): the package name may be long.
 from {{ cookiecutter.package_name }}.config import (

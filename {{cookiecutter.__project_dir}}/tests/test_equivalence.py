@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import PROJECT, final_weights, free_port, launch_env, run_launch, start_launch
+from conftest import PROJECT, free_port, launch_env, run_launch, start_launch
 from safetensors.torch import load_file
+from weights import final_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
 

@@ -20,12 +20,12 @@ from conftest import (
     QUIET,
     assert_checkpoint_at_stop,
     assert_resumed_from,
-    assert_same_weights,
     interrupted_run,
     read_metrics,
     run_launch,
 )
 from process_tree import children, signal_all, wait_for_stop_request
+from weights import assert_same_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import assert_same_weights, read_metrics
+from conftest import read_metrics
 from inprocess import StopAfter, fit
+from weights import assert_same_weights
 
 # One name per line (kept so by the trailing commas): the package name may be long.
 from {{ cookiecutter.package_name }}.launch.preemption import (

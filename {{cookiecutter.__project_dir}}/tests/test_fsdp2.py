@@ -27,10 +27,10 @@ from conftest import (
     read_metrics,
     run_launch,
     start_launch,
-    without_dropout,
 )
 from process_tree import children, signal_all, workers_of
 from safetensors.torch import load_file
+from weights import without_dropout
 
 # One name per line (kept so by the trailing commas): the package name may be long.
 from {{ cookiecutter.package_name }}.config import (

@@ -21,7 +21,6 @@ from conftest import (
     QUIET,
     assert_checkpoint_at_stop,
     assert_resumed_from,
-    assert_same_weights,
     free_port,
     interrupted_run,
     launch_env,
@@ -39,6 +38,7 @@ from process_tree import (
     wait_for_stop_request,
     workers_of,
 )
+from weights import assert_same_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import FAULT_RUN, assert_same_weights, final_weights, interrupted_run, read_metrics, run_launch
+from conftest import FAULT_RUN, interrupted_run, read_metrics, run_launch
 from process_tree import children, signal_all
 from safetensors.torch import load_file
 from test_equivalence import FLOAT64, assert_same_tensors, float64_probe
+from weights import assert_same_weights, final_weights
 
 from {{ cookiecutter.package_name }}.config import (
     load_config,

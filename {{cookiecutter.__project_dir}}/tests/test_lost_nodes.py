@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import FAULT_RUN, PROJECT, final_weights, launch_env, read_metrics
+from conftest import FAULT_RUN, PROJECT, launch_env, read_metrics
 from emulated_hosts import Host, emulated_hosts, unavailable
+from weights import final_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp_guarantees]
 

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import METRIC, ON_THIS_MACHINE, PROJECT, final_weights, launch_env, read_metrics, run_launch
+from conftest import METRIC, ON_THIS_MACHINE, PROJECT, launch_env, read_metrics, run_launch
 from safetensors.torch import load_file
+from weights import final_weights
 
 pytestmark = pytest.mark.slow
 

@@ -79,6 +79,54 @@ def arrow_file(folder: Path, split: str) -> str:
     return str(folder / f"{split}.arrow")
 
 
+def map_batches(
+    rows: datasets.Dataset,
+    function: Callable[[dict[str, list]], dict[str, list]],
+    features: datasets.Features,
+    file: str,
+    fingerprint: str,
+    workers: int = 1,
+    **options: Any,
+) -> datasets.Dataset:
+    """``rows`` mapped batch by batch into the Arrow file ``file``, holding only ``function``'s columns
+    (``features``), in ``workers`` processes when more than one; ``fingerprint`` names the result in
+    place of datasets' hash of ``function``, which may not pickle the same twice."""
+    return rows.map(
+        function,
+        batched=True,
+        num_proc=workers if workers > 1 else None,
+        remove_columns=rows.column_names,
+        features=features,
+        writer_batch_size=RECORD_BATCH_ROWS,
+        cache_file_name=file,
+        new_fingerprint=fingerprint,
+        **options,
+    )
+
+
+def tokenize_split(
+    rows: datasets.Dataset,
+    tokenize: Callable[[dict[str, list]], dict[str, list]],
+    features: datasets.Features,
+    folder: Path,
+    split: str,
+    configured_processes: int,
+    unit: str,
+) -> datasets.Dataset:
+    """A split tokenized into the cache ``folder`` (``map_batches``) in as many processes as its size is
+    worth (``processes``), logging the rate in ``unit`` (texts, sentences, pairs)."""
+    workers = processes(len(rows), configured_processes)
+    started = time.monotonic()
+    name = f"{folder.name[-16:]}-{split}"
+    tokenized = map_batches(rows, tokenize, features, arrow_file(folder, split), name, workers)
+    seconds = time.monotonic() - started
+    log.info(
+        f"tokenized {len(rows)} {split} {unit} in {seconds:.1f} s with {workers} process(es): "
+        f"{len(rows) / max(seconds, 1e-9):.0f} {unit}/s"
+    )
+    return tokenized
+
+
 def prepare(recipe: Recipe, root: Path, env: DistEnv) -> Prepared:
     """The recipe's data, built once per filesystem and memory-mapped on every rank."""
     builders = plan_builders(root, env)

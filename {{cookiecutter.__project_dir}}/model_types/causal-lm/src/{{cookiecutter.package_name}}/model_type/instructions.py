@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..data.arrow_rows import IntegerLists
-from ..data.cache import RECORD_BATCH_ROWS, arrow_file, processes
+from ..data.cache import arrow_file, map_batches, processes
 from ..data.loader import DataError
 from ..data.sources import Source, SplitReader, python_values, require_fields, require_text
 from ..observe.log import log
@@ -236,28 +236,13 @@ def samples(
     for field in fields if kind == "prompt" else ():
         require_text(rows, source, field)
     started, workers = time.monotonic(), processes(len(rows), configured)
-    encoded = rows.map(
-        Encode(tokenizer, kind, size, template),
-        batched=True,
-        num_proc=workers if workers > 1 else None,
-        remove_columns=rows.column_names,
-        features=ENCODED,
-        writer_batch_size=RECORD_BATCH_ROWS,
-        cache_file_name=str(Path(reader.scratch()) / f"encoded-{split}.arrow"),
-        new_fingerprint=f"encoded-{split}",
-    )
+    encode = Encode(tokenizer, kind, size, template)
+    scratch = Path(reader.scratch()) / f"encoded-{split}.arrow"
+    encoded = map_batches(rows, encode, ENCODED, str(scratch), f"encoded-{split}", workers)
     problem = first_problem(encoded)
     if problem is not None:
         raise DataError(f"{source.where(problem[0])}: {problem[1]}")
-    kept = encoded.map(
-        KeepTrainable(),
-        batched=True,
-        remove_columns=encoded.column_names,
-        features=SAMPLES,
-        writer_batch_size=RECORD_BATCH_ROWS,
-        cache_file_name=arrow_file(folder, split),
-        new_fingerprint=f"samples-{split}",
-    )
+    kept = map_batches(encoded, KeepTrainable(), SAMPLES, arrow_file(folder, split), f"samples-{split}")
     if not len(kept):
         raise DataError(f"{source.name}: no sample has a response token (completion, assistant turn)")
     cut, left_out = int(pc.sum(encoded.data.column("cut")).as_py() or 0), len(encoded) - len(kept)

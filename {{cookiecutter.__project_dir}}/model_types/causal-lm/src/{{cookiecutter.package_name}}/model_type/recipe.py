@@ -16,7 +16,7 @@ from transformers import AutoConfig
 
 from ..config import Config
 from ..data.arrow_rows import IntegerLists
-from ..data.cache import RECORD_BATCH_ROWS, arrow_file, processes
+from ..data.cache import arrow_file, map_batches, processes
 from ..data.loader import DataError
 from ..data.sources import (
     Source,
@@ -83,15 +83,9 @@ class PackRecipe:
         self, rows: datasets.Dataset, source: Source, folder: Path, split: str, keep_partial: bool
     ) -> datasets.Dataset:
         started, workers = time.monotonic(), processes(len(rows), self.processes)
-        documents = rows.map(
-            Tokenize(self.tokenizer, self.text_field),
-            batched=True,
-            num_proc=workers if workers > 1 else None,
-            remove_columns=rows.column_names,
-            features=TOKENS,
-            writer_batch_size=RECORD_BATCH_ROWS,
-            cache_file_name=str(Path(self.reader.scratch()) / f"documents-{split}.arrow"),
-            new_fingerprint=f"documents-{split}",
+        tokenize, scratch = Tokenize(self.tokenizer, self.text_field), Path(self.reader.scratch())
+        documents = map_batches(
+            rows, tokenize, TOKENS, str(scratch / f"documents-{split}.arrow"), f"documents-{split}", workers
         )
         ends = np.cumsum(IntegerLists(documents, "input_ids").lengths(), dtype=np.int64)
         count = block_count(int(ends[-1]), self.size, keep_partial)
@@ -102,16 +96,14 @@ class PackRecipe:
                 f"{source.name}: too little text for one block of {self.size} tokens; "
                 "add data or lower data.max_length"
             )
-        blocks = datasets.Dataset.from_dict({"block": np.arange(count)}).map(
+        blocks = map_batches(
+            datasets.Dataset.from_dict({"block": np.arange(count)}),
             CutBlocks(documents, ends, self.size),
-            batched=True,
+            TOKENS,
+            arrow_file(folder, split),
+            f"blocks-{split}",
+            workers if count >= workers else 1,
             batch_size=PACK_BATCH,
-            num_proc=workers if workers > 1 and count >= workers else None,
-            remove_columns=["block"],
-            features=TOKENS,
-            writer_batch_size=RECORD_BATCH_ROWS,
-            cache_file_name=arrow_file(folder, split),
-            new_fingerprint=f"blocks-{split}",
         )
         seconds = time.monotonic() - started
         log.info(

@@ -14,7 +14,6 @@ text against the reference as written, not as the tokenizer would give it back.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from torch.utils.data import Dataset
 
 from ..config import Config
 from ..data.arrow_rows import ChunkedColumn, IntegerLists
-from ..data.cache import RECORD_BATCH_ROWS, arrow_file, processes
+from ..data.cache import tokenize_split
 from ..data.loader import DataError
 from ..data.sources import (
     Source,
@@ -37,7 +36,6 @@ from ..data.sources import (
     require_text,
     split_sources,
 )
-from ..observe.log import log
 from .generation import IDS_ONLY, encode_sources
 
 CACHE_FORMAT = 1  # of the tokenized data; part of its key, so an older layout is never read
@@ -159,22 +157,7 @@ class PairRecipe:
         return rows
 
     def tokenize(self, rows: datasets.Dataset, folder: Path, split: str) -> datasets.Dataset:
-        workers = processes(len(rows), self.processes)
-        started = time.monotonic()
         validation = split == "val"
-        tokenized = rows.map(
-            Tokenize(self, keep_reference=validation),
-            batched=True,
-            num_proc=workers if workers > 1 else None,
-            remove_columns=rows.column_names,
-            features=VAL_FEATURES if validation else TRAIN_FEATURES,
-            writer_batch_size=RECORD_BATCH_ROWS,
-            cache_file_name=arrow_file(folder, split),
-            new_fingerprint=f"{folder.name[-16:]}-{split}",
-        )
-        seconds = time.monotonic() - started
-        log.info(
-            f"tokenized {len(rows)} {split} pairs in {seconds:.1f} s with {workers} process(es): "
-            f"{len(rows) / max(seconds, 1e-9):.0f} pairs/s"
-        )
-        return tokenized
+        features = VAL_FEATURES if validation else TRAIN_FEATURES
+        tokenize = Tokenize(self, keep_reference=validation)
+        return tokenize_split(rows, tokenize, features, folder, split, self.processes, "pairs")

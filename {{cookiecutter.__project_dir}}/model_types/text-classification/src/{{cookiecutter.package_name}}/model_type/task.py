@@ -14,7 +14,6 @@ puts samples of similar length together, so there is little padding.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from ..config import Config
 from ..data.arrow_rows import IntegerLists, Integers
-from ..data.cache import RECORD_BATCH_ROWS, arrow_file, prepare, processes
+from ..data.cache import prepare, tokenize_split
 from ..data.labels import Classes, read_classes, require_known
 from ..data.sources import SplitReader, naming_undecodable, quiet_datasets, read_text_split, split_sources
 from ..observe.log import log
@@ -125,30 +124,11 @@ class TextRecipe:
             trained_on = "data.train_file" if self.train_source.path else f"split {self.train_source.split!r}"
             require_known(splits["val"], self.val_source, self.label_field, classes, trained_on)
         tokenize = Tokenize(self.tokenizer, self.length, *fields, classes)
-        tokenized = {name: self.tokenize(rows, tokenize, folder, name) for name, rows in splits.items()}
+        tokenized = {
+            name: tokenize_split(rows, tokenize, FEATURES, folder, name, self.processes, "texts")
+            for name, rows in splits.items()
+        }
         return tokenized, {"labels": classes.names}
-
-    def tokenize(
-        self, rows: datasets.Dataset, tokenize: Tokenize, folder: Path, split: str
-    ) -> datasets.Dataset:
-        workers = processes(len(rows), self.processes)
-        started = time.monotonic()
-        tokenized = rows.map(
-            tokenize,
-            batched=True,
-            num_proc=workers if workers > 1 else None,
-            remove_columns=rows.column_names,
-            features=FEATURES,
-            writer_batch_size=RECORD_BATCH_ROWS,
-            cache_file_name=arrow_file(folder, split),
-            new_fingerprint=f"{folder.name[-16:]}-{split}",
-        )
-        seconds = time.monotonic() - started
-        log.info(
-            f"tokenized {len(rows)} {split} texts in {seconds:.1f} s with {workers} process(es): "
-            f"{len(rows) / max(seconds, 1e-9):.0f} texts/s"
-        )
-        return tokenized
 
 
 def build_data(config: Config, env: DistEnv) -> TaskData:

@@ -13,7 +13,6 @@ filesystem (data/cache.py) into Arrow files under ``output_dir/cache`` that ever
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification, AutoTokeni
 
 from ..config import Config
 from ..data.arrow_rows import IntegerLists
-from ..data.cache import RECORD_BATCH_ROWS, arrow_file, prepare, processes
+from ..data.cache import prepare, tokenize_split
 from ..data.loader import DataError
 from ..data.sources import SplitReader, naming_undecodable, quiet_datasets, split_sources
 from ..observe.log import log
@@ -121,29 +120,13 @@ class TaggingRecipe:
             trained_on = "data.train_file" if self.train_source.path else f"split {self.train_source.split!r}"
             splits["val"].require_known(names, trained_on)
         tokenize = Tokenize(self.tokenizer, self.length, {name: index for index, name in enumerate(names)})
-        tokenized = {name: self.tokenize(split, tokenize, folder, name) for name, split in splits.items()}
+        tokenized = {
+            name: tokenize_split(
+                rows.dataset(), tokenize, FEATURES, folder, name, self.processes, "sentences"
+            )
+            for name, rows in splits.items()
+        }
         return tokenized, {"labels": names}
-
-    def tokenize(self, split: TaggedSplit, tokenize: Tokenize, folder: Path, name: str) -> datasets.Dataset:
-        rows = split.dataset()
-        workers = processes(len(rows), self.processes)
-        started = time.monotonic()
-        tokenized = rows.map(
-            tokenize,
-            batched=True,
-            num_proc=workers if workers > 1 else None,
-            remove_columns=rows.column_names,
-            features=FEATURES,
-            writer_batch_size=RECORD_BATCH_ROWS,
-            cache_file_name=arrow_file(folder, name),
-            new_fingerprint=f"{folder.name[-16:]}-{name}",
-        )
-        seconds = time.monotonic() - started
-        log.info(
-            f"tokenized {len(rows)} {name} sentences in {seconds:.1f} s with {workers} process(es): "
-            f"{len(rows) / max(seconds, 1e-9):.0f} sentences/s"
-        )
-        return tokenized
 
 
 def unseen_words(rows: datasets.Dataset) -> tuple[int, int]:

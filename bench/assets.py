@@ -158,7 +158,13 @@ def build_causal(
 
 
 def build_instructions(
-    directory: Path, demo: ModuleType, size: dict[str, int], train: int, val: int, seed: int
+    directory: Path,
+    demo: ModuleType,
+    size: dict[str, int],
+    train: int,
+    val: int,
+    seed: int,
+    pretraining_steps: int,
 ) -> dict[str, str]:
     """Prompt/completion pairs of the causal demo's grammar (a document of 1-4 sentences, then a
     question about one more; the answer, 1-4 words, completes it), its tokenizer trained on them and a
@@ -177,7 +183,7 @@ def build_instructions(
     model = directory / "model"
     tokenizer = demo.build_tokenizer(corpus + documents, size["context"])
     demo.save_tiny_gpt2(tokenizer, model, size["hidden"], size["layers"], max(1, size["hidden"] // 32))
-    pretrain(model, documents, size["context"])
+    pretrain(model, documents, size["context"], pretraining_steps)
     return {"model": str(model), **{name: str(path) for name, path in paths.items()}}
 
 
@@ -197,10 +203,9 @@ def build_seq2seq(
 
 
 PRETRAINING_DOCUMENTS = 4000
-PRETRAINING_STEPS = 300
 
 
-def pretrain(model_dir: Path, documents: list[str], context: int) -> None:
+def pretrain(model_dir: Path, documents: list[str], context: int, steps: int) -> None:
     """A base model that knows the grammar, as a pretrained checkpoint does: its every weight trained on
     plain documents (no questions), so that adapters on top of it have something to adapt. A random
     model's frozen embeddings cannot express a confident prediction, whatever adapters learn."""
@@ -215,7 +220,7 @@ def pretrain(model_dir: Path, documents: list[str], context: int) -> None:
     blocks = stream[: len(stream) // context * context].view(-1, context)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model.train()
-    for _ in range(PRETRAINING_STEPS):
+    for _ in range(steps):
         batch = blocks[torch.randint(len(blocks), (16,))]
         model(input_ids=batch, labels=batch).loss.backward()
         optimizer.step()

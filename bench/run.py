@@ -97,9 +97,10 @@ class Bench:
     timeout_s: float
     projects: dict[str, Path]  # model type -> rendered project
     prepared: dict[str, tuple[dict[str, str], int, float]]  # workload -> inputs, epoch steps, tokens/sample
+    settle_s: float  # idle seconds before each run (SETTLE_S; none in a quick pass, which measures nothing)
 
 
-def prepare(workloads: list, work: Path, timeout_s: float) -> Bench:
+def prepare(workloads: list, work: Path, timeout_s: float, settle_s: float = SETTLE_S) -> Bench:
     precision = "bf16" if cpu_has_bf16() else "fp32"  # the same for every runner
     projects = {t: render_project(t, work / "projects") for t in sorted({w.model_type for w in workloads})}
     prepared = {}
@@ -107,7 +108,7 @@ def prepare(workloads: list, work: Path, timeout_s: float) -> Bench:
         inputs = build_inputs(workload, work / "inputs" / workload.name, projects[workload.model_type])
         samples, tokens_per_sample = training_samples(workload, inputs)
         prepared[workload.name] = (inputs, samples // global_batch(workload), tokens_per_sample)
-    return Bench(work, precision, timeout_s, projects, prepared)
+    return Bench(work, precision, timeout_s, projects, prepared, settle_s)
 
 
 def run_seed(bench: Bench, workload, runners: list[str], round_: int, seed: int) -> list[dict]:
@@ -115,7 +116,7 @@ def run_seed(bench: Bench, workload, runners: list[str], round_: int, seed: int)
     inputs, epoch_steps, tokens_per_sample = bench.prepared[workload.name]
     results, timelines = [], {}
     for runner in [name for name in runners if runs.runs_on(name, workload)]:
-        time.sleep(SETTLE_S)
+        time.sleep(bench.settle_s)
         directory = bench.work / "runs" / f"seed{seed}" / workload.name / runner
         load = os.getloadavg()[0]
         project = bench.projects[workload.model_type]
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [WORKLOADS[name] for name in args.workloads.split(",")]
     workloads = [quick(w) for w in workloads] if args.quick else workloads
     runners = args.runners.split(",")
-    bench = prepare(workloads, args.work_dir, args.timeout)
+    bench = prepare(workloads, args.work_dir, args.timeout, 0.0 if args.quick else SETTLE_S)
     sizes = f"{args.rounds} round(s), {len(runners)} runners, {len(workloads)} workloads"
     print(f"precision {bench.precision}; {sizes}")
     about = report.machine(bench.precision)  # at the start: the commit the runs measure

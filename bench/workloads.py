@@ -37,6 +37,7 @@ class Workload:
     reference: str = "plain"  # the runner whose final metric is the time-to-target, and the ratios' base
     instructions: bool = False  # causal-lm: prompt/completion pairs, loss on the completions
     lora: tuple[tuple[str, object], ...] = ()  # LoRA adapters (the project's lora.* keys), else full
+    pretraining_steps: int = 300  # instructions: steps that teach the base model the grammar (assets.py)
 
 
 # LoRA as the project's lora section defaults it, for the project and the peers alike.
@@ -194,6 +195,7 @@ def quick(workload: Workload) -> Workload:
         eval_every_steps=4 if workload.eval_every_steps else 0,
         log_every_steps=2,
         seeds_per_round=1,
+        pretraining_steps=2,  # a base model that knows nothing still runs every runner's code
     )
 
 
@@ -208,9 +210,8 @@ def build_inputs(workload: Workload, directory: Path, project: Path) -> dict[str
         return assets.build_seq2seq(directory, demo, size, workload.train_size, workload.val_size, SEED)
     if workload.model_type == "causal-lm":
         if workload.instructions:
-            return assets.build_instructions(
-                directory, demo, size, workload.train_size, workload.val_size, SEED
-            )
+            splits = (workload.train_size, workload.val_size)
+            return assets.build_instructions(directory, demo, size, *splits, SEED, workload.pretraining_steps)
         return assets.build_causal(directory, demo, size, workload.train_size, workload.val_size, SEED)
     if workload.model_type == "token-classification":
         size = {"hidden": workload.hidden, "layers": workload.layers, "context": workload.max_length}

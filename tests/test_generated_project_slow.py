@@ -150,7 +150,12 @@ def test_generated_project_passes_its_own_test_suite(bake_ok, model_type, shard)
 # LoRA proofs under torchrun run in FULL_SUITE_MODEL_TYPE's suite, through lora.* overrides. The
 # text-classification lora render's fast tier runs on a GPU render (test_generated_gpu_project.py), which
 # shares it; causal-lm's runs here.
-LORA_MODEL_TYPES = ("text-classification", "causal-lm", "seq2seq")
+LORA_MODEL_TYPES = ("text-classification", "causal-lm", "token-classification", "seq2seq")
+# The two central proofs (every_type: first-step gradients for any world size and accumulation, a killed
+# job resuming to bitwise the same weights) with LoRA adapters on the types whose suites prove them with
+# full fine-tuning only: text-classification's suite proves LoRA under torchrun through lora.* overrides
+# (test_lora.py), and causal-lm's instruction proofs run with both (test_instructions.py).
+LORA_PROOF_MODEL_TYPES = ("token-classification", "seq2seq")
 
 
 @pytest.mark.parametrize("model_type", ["causal-lm"])
@@ -162,6 +167,15 @@ def test_lora_project_passes_its_fast_tests(bake_ok, model_type):
     proc = run_generated_suite(project.path, ["-x", "-m", "not slow"], env)
     assert proc.returncode == 0, describe(proc)
     assert " passed" in proc.stdout, describe(proc)
+
+
+@pytest.mark.parametrize("model_type", LORA_PROOF_MODEL_TYPES)
+@pytest.mark.expected_s(120)
+def test_lora_render_passes_the_central_ddp_proofs(bake_ok, model_type):
+    project = bake_ok(model_type=model_type, finetune="lora", **CPU_ANSWERS)
+    proc = run_generated_suite(project.path, ["-x", "-m", "every_type"], project_env(project.path))
+    assert proc.returncode == 0, describe(proc, chars=30000)
+    assert "2 passed" in proc.stdout, describe(proc)
 
 
 DEMO_RUNS = [(model_type, "full") for model_type in MODEL_TYPES] + [

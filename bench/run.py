@@ -100,7 +100,7 @@ class Bench:
     settle_s: float  # idle seconds before each run (SETTLE_S; none in a quick pass, which measures nothing)
 
 
-def prepare(workloads: list, work: Path, timeout_s: float, settle_s: float = SETTLE_S) -> Bench:
+def prepare(workloads: list, work: Path, timeout_s: float, settle_s: float) -> Bench:
     precision = "bf16" if cpu_has_bf16() else "fp32"  # the same for every runner
     projects = {t: render_project(t, work / "projects") for t in sorted({w.model_type for w in workloads})}
     prepared = {}

@@ -21,6 +21,7 @@ _PACKAGE = f"{_PROJECT}/src/{{{{cookiecutter.package_name}}}}"
 # The shared modules a table measures, as dotted names under the package.
 SHARED_MODULES = (
     "loop.trainer",
+    "loop.step_targets",
     "loop.longest_batch",
     "data.loader",
     "data.cache",
@@ -37,7 +38,11 @@ SHARED_MODULES = (
 )
 _FORMER_NAMES = {new: old for old, new in MOVED_MODULES.items()}  # today's dotted name -> the former
 SHARED_CODE = [f"{_PROJECT}/launch.sh", *(f"{_PACKAGE}/{n.replace('.', '/')}.py" for n in SHARED_MODULES)]
-_FORMER_SHARED_CODE = [SHARED_CODE[0], *(f"{_PACKAGE}/{_FORMER_NAMES[n]}.py" for n in SHARED_MODULES)]
+# A module written since the move has no former name: tables of the former layout ran without it.
+_FORMER_SHARED_CODE = [
+    SHARED_CODE[0],
+    *(f"{_PACKAGE}/{_FORMER_NAMES[n]}.py" for n in SHARED_MODULES if n in _FORMER_NAMES),
+]
 MODEL_TYPE_CODE = (
     "model_type/task.py",
     "model_type/recipe.py",

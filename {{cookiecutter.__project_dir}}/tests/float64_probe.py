@@ -86,8 +86,8 @@ def mutate(task: Task, mutation: str, world_size: int) -> Task:
 def drop_accumulation_weight(trainer: Trainer) -> None:
     """Divide each micro-batch by its own targets instead of the whole step's: the gradients of a
     step's micro-batches then add up instead of averaging."""
-    count_step_targets = trainer.count_step_targets
-    trainer.count_step_targets = lambda host_batches: count_step_targets(host_batches[:1])  # type: ignore[method-assign]
+    start_counting_targets = trainer.start_counting_targets
+    trainer.start_counting_targets = lambda host_batches: start_counting_targets(host_batches[:1])  # type: ignore[method-assign]
 
 
 def first_step_gradients(trainer: Trainer) -> dict[str, torch.Tensor]:

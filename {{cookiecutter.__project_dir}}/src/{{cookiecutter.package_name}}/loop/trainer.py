@@ -4,7 +4,7 @@ and FSDP2, whose differences sit behind ``Parallel`` (parallel/strategy.py)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -22,7 +22,7 @@ from ..observe.throughput import Throughput, device_peak_flops, training_flops_p
 from ..observe.trackers import NoTracker, open_tracker
 from ..parallel.checkpoint import Checkpointer
 from ..parallel.ddp import compile_model, sync_state_buffers
-from ..parallel.process_group import DistEnv, all_reduce_sum, all_reduce_sum_cpu, barrier, broadcast_object
+from ..parallel.process_group import DistEnv, all_reduce_sum, barrier, broadcast_object
 from ..parallel.rng import seed_everything
 from ..parallel.strategy import build_parallel
 from ..task.spec import Task, count_samples, dataset_size
@@ -39,6 +39,7 @@ from .setup import (
     record_config,
     training_precision,
 )
+from .step_targets import start_counting_targets
 
 
 class Trainer:
@@ -196,7 +197,7 @@ class Trainer:
             while done < window_samples:
                 host_batches.append(next(batches))
                 done += count_samples(host_batches[-1])
-        step_targets = self.count_step_targets(host_batches)
+        step_targets = self.start_counting_targets(host_batches)
         total_loss = torch.zeros((), device=env.device)
         for index, host_batch in enumerate(host_batches):
             self.throughput.add(
@@ -206,8 +207,9 @@ class Trainer:
             last = index == len(host_batches) - 1
             with self.parallel.skip_gradient_sync(state.model, not last):
                 with self.parallel.autocast():
+                    summed = self.task.loss_sum(state.model, batch)
                     # DDP and FSDP2 average gradients over the ranks: the world size makes that a sum.
-                    loss = self.task.loss_sum(state.model, batch) * (env.world_size / step_targets)
+                    loss = summed * (env.world_size / step_targets())
                 state.scaler.scale(loss).backward()
             total_loss += loss.detach().float()
         train, grad_norm = self.config.train, None
@@ -222,13 +224,8 @@ class Trainer:
         state.optimizer.zero_grad(set_to_none=True)
         return total_loss
 
-    def count_step_targets(self, host_batches: list) -> float:
-        """The targets of this step over every rank: samples, or what the task counts (target tokens)."""
-        count = self.task.count_targets
-        if count is None:  # one per sample: the same on every rank
-            return float(sum(count_samples(batch) for batch in host_batches) * self.env.world_size)
-        local = torch.tensor([float(sum(count(batch) for batch in host_batches))], dtype=torch.float64)
-        return max(all_reduce_sum_cpu(local).item(), 1.0)
+    def start_counting_targets(self, host_batches: list) -> Callable[[], float]:
+        return start_counting_targets(self.task.count_targets, host_batches, self.env.world_size)
 
     def after_step(self, loss: torch.Tensor, epoch_done: bool) -> None:
         progress, train = self.state.progress, self.config.train

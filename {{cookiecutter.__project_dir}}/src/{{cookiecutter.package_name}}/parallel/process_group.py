@@ -183,18 +183,18 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def all_reduce_sum_cpu(tensor: torch.Tensor) -> torch.Tensor:
-    """Sum a small CPU tensor across ranks, in place, without waiting for any GPU stream."""
-    if is_distributed():
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=_cpu_group)
-    return tensor
-
-
 def start_all_reduce_max_cpu(tensor: torch.Tensor) -> dist.Work | None:
     """Start an element-wise max across ranks of a CPU tensor, in place; wait() on the result, if any."""
     if not is_distributed():
         return None
     return dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=_cpu_group, async_op=True)
+
+
+def start_all_reduce_sum_cpu(tensor: torch.Tensor) -> dist.Work | None:
+    """Start a sum across ranks of a CPU tensor, in place; wait_for() the result before reading it."""
+    if not is_distributed():
+        return None
+    return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=_cpu_group, async_op=True)
 
 
 def wait_for(work: dist.Work | None) -> None:

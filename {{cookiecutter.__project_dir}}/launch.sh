@@ -184,11 +184,6 @@ if [[ -z "${MALLOC_MMAP_THRESHOLD_:-}${MALLOC_TRIM_THRESHOLD_:-}${GLIBC_TUNABLES
     export MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864
 fi
 
-# Refuse a bad override, a missing path or model, or an output_dir that another run holds here, in one
-# process and one line, before any process group is formed. The run id lets a node that joins its own job
-# (a restarted pod) past the lock of that job.
-LAUNCH_RUN_ID="$run_id" python -m {{ cookiecutter.package_name }} --check "$@"
-
 # How this node's workers end, and this script's stop request, pass through files here (launch/status.py).
 status_dir="$(mktemp -d "${TMPDIR:-/tmp}/{{ cookiecutter.project_slug }}-launch.XXXXXX")"
 trap 'rm -rf "$status_dir"' EXIT
@@ -213,8 +208,12 @@ request_stop() {
 
 # torchrun runs in the launcher, which keeps torchrun's report in a log file, shows the project's lines and
 # leaves the preemption signals to the workers (launch/launcher.py): it starts with them ignored, then blocks them.
+# Before torchrun, it refuses a bad override, a missing path or model, or an output_dir that another run
+# holds here, in one line, before any process group is formed. The run id lets a node that joins its own
+# job (a restarted pod) past the lock of that job.
 trap '' TERM INT USR1
-LAUNCH_STATUS_DIR="$status_dir" python -m {{ cookiecutter.package_name }}.launch.launcher "${args[@]}" -m {{ cookiecutter.package_name }} "$@" &
+LAUNCH_STATUS_DIR="$status_dir" LAUNCH_RUN_ID="$run_id" \
+    python -m {{ cookiecutter.package_name }}.launch.launcher "${args[@]}" -m {{ cookiecutter.package_name }} "$@" &
 launcher_pid=$!
 trap 'request_stop TERM' TERM
 trap 'request_stop INT' INT

@@ -1,5 +1,5 @@
-"""launch.sh builds the right torchrun command line; a fake ``python`` records what it runs: the config
-pre-check (``-m <package> --check``) and torchrun, which runs in the launcher (``-m <package>.launcher``)."""
+"""launch.sh builds the right torchrun command line; a fake ``python`` records what it runs: the launcher
+(``-m <package>.launch.launcher``), which runs the config pre-check and then torchrun in its own process."""
 
 from __future__ import annotations
 
@@ -31,20 +31,20 @@ OPERATOR_ENV = {
 }
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 # Every call is logged; the launcher prints torchrun's arguments, the signals it ignores (/proc's SigIgn
-# mask), the malloc settings, the planned node count and the thread setting, then exits with
-# LAUNCHER_EXIT; the pre-check fails on FAIL_CHECK.
+# mask), the run id, the malloc settings, the planned node count and the thread setting, then exits with
+# LAUNCHER_EXIT.
 FAKE_PYTHON = r"""#!/usr/bin/env bash
 echo "$*" >> "$(dirname "$0")/calls"
 if [[ "$2" == *.launcher ]]; then
     shift 2
     printf "%s\n" "$@"
     grep "^SigIgn:" /proc/$$/status
+    echo "LAUNCH_RUN_ID=${LAUNCH_RUN_ID-unset}"
     echo "MALLOC=${MALLOC_MMAP_THRESHOLD_:-}/${MALLOC_TRIM_THRESHOLD_:-}"
     echo "MAX_NNODES=$LAUNCH_MAX_NNODES"
     echo "OMP=$OMP_NUM_THREADS"
     exit "${LAUNCHER_EXIT:-0}"
 fi
-if [[ -n "${FAIL_CHECK:-}" ]]; then echo "error: $FAIL_CHECK" >&2; exit 1; fi
 """
 
 
@@ -219,12 +219,14 @@ def test_bad_launch_variables_are_refused(fake_bin: Path, env: dict[str, str], m
     assert message in result.stderr and result.stdout == ""
 
 
-def test_config_is_checked_before_torchrun_starts(fake_bin: Path) -> None:
-    result = launch(fake_bin, "bad.key=1", NPROC_PER_NODE="2", FAIL_CHECK="bad.key: unknown config key")
-    assert result.returncode == 1
-    assert result.stderr.strip() == "error: bad.key: unknown config key"
-    assert result.stdout == ""  # torchrun never ran
-    assert (fake_bin / "calls").read_text().splitlines() == [f"-m {PACKAGE} --check bad.key=1"]
+def test_one_python_process_runs_the_pre_check_and_torchrun_with_the_jobs_run_id(fake_bin: Path) -> None:
+    """The launcher checks the config before torch (launcher.py): no Python start-up of its own for it."""
+    result = launch(fake_bin, "bad.key=1", NPROC_PER_NODE="2")
+    assert (fake_bin / "calls").read_text().splitlines()[0].startswith(f"-m {PACKAGE}.launch.launcher ")
+    assert len((fake_bin / "calls").read_text().splitlines()) == 1
+    assert "LAUNCH_RUN_ID=" in result.stdout.splitlines()  # a single node's: torchrun draws one
+    env = {"NPROC_PER_NODE": "1", "NNODES": "3", "MASTER_ADDR": "n0", "RUN_ID": "r7"}
+    assert "LAUNCH_RUN_ID=r7" in launch(fake_bin, **env).stdout.splitlines()  # past the lock of its own job
 
 
 def test_one_omp_thread_per_process_unless_the_environment_sets_it(fake_bin: Path) -> None:

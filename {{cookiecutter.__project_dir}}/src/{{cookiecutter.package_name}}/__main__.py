@@ -2,7 +2,7 @@
 
 Configuration and data paths are checked before any process group exists, so a mistake ends the job
 in seconds with one line naming the key, instead of after a rendezvous. torch and the model type's
-libraries are imported only after the checks, which keeps ``--check`` (launch.sh's pre-check) fast.
+libraries are imported only after the checks, which keeps ``--check`` fast.
 """
 
 from __future__ import annotations

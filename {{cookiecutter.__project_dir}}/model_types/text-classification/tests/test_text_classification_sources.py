@@ -189,6 +189,16 @@ def test_a_waiting_rank_logs_a_line_every_minute(monkeypatch, caplog) -> None:
     assert not caplog.records
 
 
+def test_a_waiting_rank_looks_soon_after_a_quick_build_and_seldom_during_a_long_one(monkeypatch) -> None:
+    pauses: list[float] = []
+    monkeypatch.setattr(data_cache.time, "sleep", pauses.append)
+    polls = iter([False] * 12 + [True])
+    data_cache.wait_for(lambda: next(polls), builder=0, reporting=False)
+    assert pauses[:3] == [data_cache.FIRST_POLL_S, 2 * data_cache.FIRST_POLL_S, 4 * data_cache.FIRST_POLL_S]
+    assert sum(pauses[:3]) < 0.1  # a build done in a tenth of a second keeps the others waiting no longer
+    assert max(pauses) == pauses[-1] == data_cache.POLL_S  # and a long one is polled twice a second
+
+
 # Loaded into every training process (sitecustomize runs at start-up): the rank that preprocesses takes
 # SECONDS longer, for real, before it publishes the cache; the others wait as they would for a big data set.
 SLOW_PREPROCESSING = """

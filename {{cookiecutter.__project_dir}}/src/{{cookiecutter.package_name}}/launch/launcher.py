@@ -1,7 +1,11 @@
 """torchrun for launch.sh, run in this process: the user sees the project's lines, never torchrun's report.
 
 launch.sh runs ``python -m <package>.launcher <torchrun arguments>``: torchrun's own ``main`` with the same
-arguments, and four differences.
+arguments, and five differences.
+
+- The pre-check. Before torch is imported, this process refuses a bad override, a missing path or model,
+  or an output_dir that another run holds, in one line (launch/preflight.py): no process group is formed
+  for a run that cannot start, and a launch starts one Python process fewer than a separate check would.
 
 - The terminal. torchrun's log and its report of a failed worker (35-40 lines, more with restarts) go to a
   file. Once torchrun returns, every worker of this node has exited and left its outcome
@@ -41,6 +45,7 @@ from ..parallel.environment import LIVENESS_STATE_FILE, Verdict, read_verdict
 from .joining_nodes import take_in_joining_nodes
 from .lifeline import PARENT_PID_ENV, exit_at_once, tie_to_parent
 from .node_address import NodeAddressError, with_node_address
+from .preflight import check
 from .status import (
     CRASH,
     PREEMPTED,
@@ -63,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     tie_to_parent()
+    try:
+        check(load_config(worker_overrides(args)), before_launch=True)
+    except ConfigError as error:
+        say(f"error: {error}")
+        return 1
     try:
         args = with_node_address(args)
     except NodeAddressError as error:
@@ -235,10 +245,13 @@ def write_failure_log(args: list[str], status: Path, torchrun_log: Path) -> Path
     return path
 
 
+def worker_overrides(args: list[str]) -> list[str]:
+    """The run's key=value overrides: what follows ``-m <package>``."""
+    return args[args.index("-m") + 2 :] if "-m" in args else []
+
+
 def output_dir(args: list[str]) -> str:
-    """The run's output_dir, from the overrides after ``-m <package>``."""
-    overrides = args[args.index("-m") + 2 :] if "-m" in args else []
-    return load_config(overrides).output_dir
+    return load_config(worker_overrides(args)).output_dir
 
 
 def _log_to(path: Path) -> None:

@@ -134,7 +134,8 @@ def busy_message(output_dir: Path, holder: Holder) -> str:
 
 
 def refuse_if_in_use(output_dir: Path) -> None:
-    """launch.sh's pre-check: refuse an output_dir that a live run holds, before torchrun starts."""
+    """The pre-check (launch.sh's launcher, or --check): refuse an output_dir that a live run holds, before
+    torchrun starts."""
     holder = live_holder(output_dir / LOCK_NAME, os.environ.get(LAUNCH_RUN_ID_ENV, ""), PRECHECK_PATIENCE_S)
     if holder is not None:
         raise OutputDirBusy(busy_message(output_dir, holder))

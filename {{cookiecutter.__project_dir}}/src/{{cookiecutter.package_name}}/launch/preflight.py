@@ -1,9 +1,9 @@
 """The checks a run passes before any process starts: config, data paths, output_dir, the pretrained
 model, the tracker's package, device.
 
-``launch.sh`` runs them in one process (``python -m <package> --check``), so a mistake costs a second and
-prints one line. Nothing here imports torch or the model type's libraries, whose import alone takes
-seconds; only a CUDA device needs torch to be checked.
+``launch.sh``'s launcher runs them before it imports torch (``python -m <package> --check`` runs them
+alone), so a mistake costs a second and prints one line. Nothing here imports torch or the model
+type's libraries, whose import alone takes seconds; only a CUDA device needs torch to be checked.
 """
 
 from __future__ import annotations

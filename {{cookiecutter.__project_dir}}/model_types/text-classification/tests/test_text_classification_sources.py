@@ -161,42 +161,58 @@ def test_a_node_that_does_not_see_rank_0s_files_builds_its_own_cache() -> None:
     assert data_cache.builders_by_rank(seen) == [0, 0, 2, 2, 0, 0]
 
 
-class FakeClock:
-    """Each poll of the store takes 25 s."""
+class MinuteWaits:
+    """The builder's outcome as a waiting rank sees it: published after ``minutes`` whole waits."""
 
-    def __init__(self) -> None:
-        self.now = 0.0
+    def __init__(self, minutes: int) -> None:
+        self.left, self.waits = minutes, []
 
-    def monotonic(self) -> float:
-        return self.now
+    def __call__(self, seconds: float) -> bool:
+        self.waits.append(seconds)
+        self.left -= 1
+        return self.left < 0
 
-    def sleep(self, seconds: float) -> None:
-        self.now += 25
 
-
-def test_a_waiting_rank_logs_a_line_every_minute(monkeypatch, caplog) -> None:
-    monkeypatch.setattr(data_cache, "time", FakeClock())
-    polls = iter([False] * 6 + [True])  # ready after 150 s
+def test_a_waiting_rank_logs_a_line_every_minute(caplog) -> None:
+    ready = MinuteWaits(2)
     with caplog.at_level("WARNING"):
-        data_cache.wait_for(lambda: next(polls), builder=0, reporting=True)
+        data_cache.wait_for(ready, builder=0, reporting=True)
     assert [record.getMessage() for record in caplog.records] == [
         "waiting for rank 0 to preprocess the data: 1 min so far",
         "waiting for rank 0 to preprocess the data: 2 min so far",
     ]
-    polls = iter([False] * 6 + [True])
+    assert ready.waits == [60.0] * 3  # each wait blocks on the store for up to a minute: no polling
     caplog.clear()
-    data_cache.wait_for(lambda: next(polls), builder=0, reporting=False)  # the other waiting ranks
+    data_cache.wait_for(MinuteWaits(2), builder=0, reporting=False)  # the other waiting ranks
     assert not caplog.records
 
 
-def test_a_waiting_rank_looks_soon_after_a_quick_build_and_seldom_during_a_long_one(monkeypatch) -> None:
-    pauses: list[float] = []
-    monkeypatch.setattr(data_cache.time, "sleep", pauses.append)
-    polls = iter([False] * 12 + [True])
-    data_cache.wait_for(lambda: next(polls), builder=0, reporting=False)
-    assert pauses[:3] == [data_cache.FIRST_POLL_S, 2 * data_cache.FIRST_POLL_S, 4 * data_cache.FIRST_POLL_S]
-    assert sum(pauses[:3]) < 0.1  # a build done in a tenth of a second keeps the others waiting no longer
-    assert max(pauses) == pauses[-1] == data_cache.POLL_S  # and a long one is polled twice a second
+@pytest.fixture
+def store():
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=60), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, 2, False, timedelta(seconds=60))
+    yield dist.PrefixStore("round-1", server), dist.PrefixStore("round-1", client)
+
+
+def test_a_waiting_rank_wakes_when_the_builder_publishes_not_at_its_next_look(store) -> None:
+    """The store wakes the waiting rank as the key is set: a rank that looked every half second started up
+    to 0.5 s after a quick build, and the first step waits for the last rank."""
+    import threading
+    import time
+
+    builder, waiting = store
+    ready = data_cache.published(waiting, "data-cache/0/0")
+    assert not ready(0.05)  # nothing published yet: the wait times out and says so
+    publish = threading.Timer(0.2, builder.set, args=("data-cache/0/0", "{}"))
+    started = time.monotonic()
+    publish.start()
+    assert ready(30.0)
+    assert time.monotonic() - started < 15.0  # woken by the key, long before the wait's 30 s
+    publish.join()
 
 
 # Loaded into every training process (sitecustomize runs at start-up): the rank that preprocesses takes

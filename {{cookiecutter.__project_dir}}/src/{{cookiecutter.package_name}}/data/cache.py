@@ -4,7 +4,8 @@ One rank builds the cache; the others wait for it without any collective, so pre
 long as it takes (``distributed.timeout_s`` bounds collectives only). The builder is global rank 0 or, on
 a node that does not see rank 0's ``output_dir`` (no shared filesystem), that node's first rank: once per
 filesystem, not once per rank. It publishes the outcome, the cache folder's name or its error in one
-line, on the process group's store; the others poll the store, one of them logging a line every minute.
+line, on the process group's store; the others wait on the store for that key, which wakes them the moment
+it is set, one of them logging a line every minute.
 
 A cache folder holds Arrow files and ``manifest.json``: data, nothing that is unpickled, so a file planted
 in ``output_dir`` cannot run code. It is named by a key of everything the data was made from, written
@@ -24,11 +25,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
 import datasets
 import pyarrow
+import torch.distributed as dist
 
 from ..observe.log import log
 from ..parallel.process_group import DistEnv, broadcast_object, control_store, gather_objects
@@ -36,11 +39,10 @@ from .loader import DataError
 
 MANIFEST = "manifest.json"
 FORMAT = 1  # of the manifest; part of reading it back, so another layout is rebuilt, never misread
-# How often a waiting rank looks at the store: at first every FIRST_POLL_S, then twice as long each time up
-# to POLL_S. A fixed 0.5 s made the waiting ranks start a median 0.25 s after a quick build, and the
-# first step waits for the last rank; a long build is still polled twice a second at most.
-FIRST_POLL_S = 0.01
-POLL_S = 0.5
+# A waiting rank blocks on the store until the builder publishes, so it starts the moment the data is
+# there: polling every 0.5 s started the waiting ranks a median 0.25 s late after a quick build, and even a
+# doubling pause from 10 ms left them up to 0.5 s behind (measured), while the first step waits for the
+# last rank. The wait wakes once a minute only, for the progress line.
 PROGRESS_EVERY_S = 60.0
 MIN_ROWS_PER_PROCESS = 10_000  # below this, starting processes costs more than it saves
 # Rows per Arrow record batch of a cache file (datasets writes 1,000). Opening a memory-mapped file reads
@@ -150,7 +152,7 @@ def prepare(recipe: Recipe, root: Path, env: DistEnv) -> Prepared:
         return prepared
     assert store is not None  # more than one rank
     waiting = [rank for rank, other in enumerate(builders) if other == builder and rank != builder]
-    wait_for(lambda: store.check([store_key]), builder, reporting=env.rank == waiting[0])
+    wait_for(published(store, store_key), builder, reporting=env.rank == waiting[0])
     outcome = json.loads(store.get(store_key))
     if "error" in outcome:
         if outcome["data_error"]:
@@ -165,20 +167,28 @@ def prepare(recipe: Recipe, root: Path, env: DistEnv) -> Prepared:
     return found
 
 
-def wait_for(ready: Callable[[], bool], builder: int, reporting: bool) -> None:
-    """Poll until ``ready``, with a progress line a minute when ``reporting``. No collective runs
-    meanwhile, so the process group's timeout does not apply."""
-    started = time.monotonic()
-    next_report = started + PROGRESS_EVERY_S
-    pause = FIRST_POLL_S
-    while not ready():
-        time.sleep(pause)
-        pause = min(2 * pause, POLL_S)
-        now = time.monotonic()
-        if reporting and now >= next_report:
-            minutes = round((now - started) / 60)
+def wait_for(ready: Callable[[float], bool], builder: int, reporting: bool) -> None:
+    """Wait until ``ready(seconds)``, which blocks up to ``seconds`` and says whether the outcome is
+    published, with a progress line a minute when ``reporting``. No collective runs meanwhile, so the
+    process group's timeout does not apply."""
+    minutes = 0
+    while not ready(PROGRESS_EVERY_S):
+        minutes += 1
+        if reporting:
             log.warning(f"waiting for rank {builder} to preprocess the data: {minutes} min so far")
-            next_report += PROGRESS_EVERY_S
+
+
+def published(store: dist.Store, key: str) -> Callable[[float], bool]:
+    """Whether ``key`` is set on ``store``, waiting up to the given seconds for it."""
+
+    def ready(seconds: float) -> bool:
+        try:
+            store.wait([key], timedelta(seconds=seconds))
+        except dist.DistStoreError:  # the wait timed out; a lost store raises DistNetworkError instead
+            return False
+        return True
+
+    return ready
 
 
 def plan_builders(root: Path, env: DistEnv) -> list[int]:

@@ -1,7 +1,7 @@
 """torchrun for launch.sh, run in this process: the user sees the project's lines, never torchrun's report.
 
 launch.sh runs ``python -m <package>.launcher <torchrun arguments>``: torchrun's own ``main`` with the same
-arguments, and five differences.
+arguments, and six differences.
 
 - The pre-check. Before torch is imported, this process refuses a bad override, a missing path or model,
   or an output_dir that another run holds, in one line (launch/preflight.py): no process group is formed
@@ -20,6 +20,8 @@ arguments, and five differences.
 - Addresses. In a multi-node job, torchrun and gloo get the address that routes to MASTER_ADDR, not the
   one the host name resolves to (launch/node_address.py).
 - Lifetimes. This process dies with launch.sh, and the workers with this process (launch/lifeline.py).
+- A single-node job skips torchrun's random pause before its first rendezvous, which spreads many nodes'
+  first requests (launch/single_node.py).
 
 The exit code is launch.sh's: 0 finished, 75 stopped after a checkpoint (on every node: each worker
 reports the stop its group agreed on), 1 an error.
@@ -46,6 +48,7 @@ from .joining_nodes import take_in_joining_nodes
 from .lifeline import PARENT_PID_ENV, exit_at_once, tie_to_parent
 from .node_address import NodeAddressError, with_node_address
 from .preflight import check
+from .single_node import skip_the_first_rendezvous_jitter
 from .status import (
     CRASH,
     PREEMPTED,
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import main as torchrun
 
     take_in_joining_nodes(status, say)
+    if "--standalone" in args:  # launch.sh's single-node job
+        skip_the_first_rendezvous_jitter()
     torchrun_log = status / "torchrun.log"
     _log_to(torchrun_log)  # after importing torch, which sets up loggers of its own
     watch = threading.Thread(

@@ -4,10 +4,14 @@ and ranks that wait for rank 0's preprocessing."""
 from __future__ import annotations
 
 import os
+import threading
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import METRIC, PACKAGE, PROJECT, read_metrics, run_launch
 from text_data import ENV, config_of, config_overrides, demo_rows, samples_of, task_data
 
@@ -189,10 +193,6 @@ def test_a_waiting_rank_logs_a_line_every_minute(caplog) -> None:
 
 @pytest.fixture
 def store():
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     server = dist.TCPStore("127.0.0.1", 0, 2, True, timedelta(seconds=60), wait_for_workers=False)
     client = dist.TCPStore("127.0.0.1", server.port, 2, False, timedelta(seconds=60))
     yield dist.PrefixStore("round-1", server), dist.PrefixStore("round-1", client)
@@ -201,9 +201,6 @@ def store():
 def test_a_waiting_rank_wakes_when_the_builder_publishes_not_at_its_next_look(store) -> None:
     """The store wakes the waiting rank as the key is set: a rank that looked every half second started up
     to 0.5 s after a quick build, and the first step waits for the last rank."""
-    import threading
-    import time
-
     builder, waiting = store
     ready = data_cache.published(waiting, "data-cache/0/0")
     assert not ready(0.05)  # nothing published yet: the wait times out and says so
